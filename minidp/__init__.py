@@ -1,0 +1,20 @@
+"""minidp: data-parallel deep learning in plain Python on NumPy/CuPy, with MPI.
+
+Thread limits are exported before NumPy is first imported (see :mod:`minidp.threads`),
+so BLAS starts with one thread per rank when several ranks share a node.
+"""
+
+from minidp import threads as _threads
+
+_threads.set_thread_environment()
+_threads.limit_threads()
+
+from minidp import functional  # noqa: E402
+from minidp.backend import get_backend, set_backend  # noqa: E402
+from minidp.function import Function, no_grad  # noqa: E402
+from minidp.tensor import Tensor  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["Function", "Tensor", "functional", "get_backend", "no_grad", "set_backend",
+           "__version__"]

@@ -1,0 +1,95 @@
+"""Fused elementwise kernels: work NumPy would do in several passes and temporaries.
+
+* ``relu_backward``: ``g * (x > 0)`` is a boolean temporary plus a multiply; fused it
+  is one read of each input and one write.
+* ``sgd_update``: PyTorch's SGD step with weight decay, momentum and Nesterov over a
+  flat parameter buffer, one pass instead of five::
+
+      d = g + wd*w;  buf = m*buf + d;  w -= lr * (d + m*buf if nesterov else buf)
+
+  With ``m == 0`` the step is ``w -= lr*d`` and ``buf`` is not touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+from minidp.backend import array_module
+from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+
+
+@numba.njit(cache=True, nogil=True)
+def _relu_backward_kernel(grad, x, out):  # pragma: no cover - compiled
+    for i in range(x.size):
+        out[i] = grad[i] if x[i] > 0 else 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _sgd_update_kernel(w, g, buf, lr, momentum, weight_decay, nesterov):  # pragma: no cover
+    for i in range(w.size):
+        d = g[i] + weight_decay * w[i]
+        if momentum != 0:
+            b = momentum * buf[i] + d
+            buf[i] = b
+            d = d + momentum * b if nesterov else b
+        w[i] -= lr * d
+
+
+def relu_backward_reference(grad: Any, x: Any) -> Any:
+    """``grad * (x > 0)`` in NumPy/CuPy."""
+    return grad * (x > 0)
+
+
+def sgd_update_reference(w: Any, g: Any, buf: Any, lr: float, momentum: float,
+                         weight_decay: float, nesterov: bool) -> None:
+    """PyTorch's SGD step, in place on ``w`` and ``buf``, in NumPy/CuPy."""
+    d = g + weight_decay * w if weight_decay else g
+    if momentum:
+        buf *= momentum
+        buf += d
+        d = d + momentum * buf if nesterov else buf
+    w -= lr * d
+
+
+def relu_backward(grad: Any, x: Any) -> Any:
+    """Gradient of relu: ``grad`` where ``x > 0``, else 0."""
+    if not use_kernels(grad, x) or grad.dtype != x.dtype:
+        return relu_backward_reference(grad, x)
+    ensure_compiled()
+    out = np.empty(x.shape, dtype=x.dtype)
+    _relu_backward_kernel(np.ascontiguousarray(grad).reshape(-1),
+                          np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+    return out
+
+
+def sgd_update(w: Any, g: Any, buf: Any, lr: float, momentum: float = 0.0,
+               weight_decay: float = 0.0, nesterov: bool = False) -> None:
+    """One SGD step in place on the 1-D buffers ``w`` (parameters) and ``buf`` (momentum).
+
+    Args:
+        w: parameters, updated in place.
+        g: gradient, same shape and dtype.
+        buf: momentum buffer, updated in place (ignored when momentum is 0).
+        lr: learning rate.
+        momentum: heavy-ball coefficient.
+        weight_decay: L2 coefficient added to the gradient.
+        nesterov: use Nesterov's look-ahead form.
+    """
+    array_module(w, g, buf)
+    contiguous = all(a.flags.c_contiguous and a.dtype == w.dtype for a in (w, g, buf))
+    if not (use_kernels(w, g, buf) and contiguous):
+        sgd_update_reference(w, g, buf, lr, momentum, weight_decay, nesterov)
+        return
+    ensure_compiled()
+    _sgd_update_kernel(w.reshape(-1), g.reshape(-1), buf.reshape(-1), float(lr),
+                       float(momentum), float(weight_decay), bool(nesterov))
+
+
+@register_warmup
+def _warm(dtype: type) -> None:
+    a = np.zeros(2, dtype=dtype)
+    _relu_backward_kernel(a, a, a.copy())
+    _sgd_update_kernel(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False)

@@ -1,0 +1,187 @@
+"""Max and average pooling over (N, C, H, W), forward and backward, without padding.
+
+Max pooling keeps, per output, the flat index ``hy*W + wx`` of the first maximum of
+its window (PyTorch's tie rule); backward adds each output gradient at that index,
+so overlapping windows (stride < kernel) accumulate correctly. Average pooling
+spreads each output gradient evenly over its window.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+from minidp.backend import array_module
+from minidp.kernels.im2col import output_size
+from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+
+
+@numba.njit(cache=True, nogil=True)
+def _maxpool_forward_kernel(x, k, stride, out, argmax):  # pragma: no cover - compiled
+    n_img, n_ch, h, w = x.shape
+    oh, ow = out.shape[2], out.shape[3]
+    for n in range(n_img):
+        for c in range(n_ch):
+            for y in range(oh):
+                for xo in range(ow):
+                    h0, w0 = y * stride, xo * stride
+                    best = x[n, c, h0, w0]
+                    best_at = h0 * w + w0
+                    for i in range(k):
+                        for j in range(k):
+                            v = x[n, c, h0 + i, w0 + j]
+                            if v > best:
+                                best = v
+                                best_at = (h0 + i) * w + w0 + j
+                    out[n, c, y, xo] = best
+                    argmax[n, c, y, xo] = best_at
+
+
+@numba.njit(cache=True, nogil=True)
+def _maxpool_backward_kernel(grad, argmax, w, dx):  # pragma: no cover - compiled
+    n_img, n_ch, oh, ow = grad.shape
+    for n in range(n_img):
+        for c in range(n_ch):
+            for y in range(oh):
+                for xo in range(ow):
+                    at = argmax[n, c, y, xo]
+                    dx[n, c, at // w, at % w] += grad[n, c, y, xo]
+
+
+@numba.njit(cache=True, nogil=True)
+def _avgpool_forward_kernel(x, k, stride, out):  # pragma: no cover - compiled
+    n_img, n_ch = x.shape[0], x.shape[1]
+    oh, ow = out.shape[2], out.shape[3]
+    scale = 1.0 / (k * k)
+    for n in range(n_img):
+        for c in range(n_ch):
+            for y in range(oh):
+                for xo in range(ow):
+                    acc = 0.0
+                    for i in range(k):
+                        for j in range(k):
+                            acc += x[n, c, y * stride + i, xo * stride + j]
+                    out[n, c, y, xo] = acc * scale
+
+
+@numba.njit(cache=True, nogil=True)
+def _avgpool_backward_kernel(grad, k, stride, dx):  # pragma: no cover - compiled
+    n_img, n_ch, oh, ow = grad.shape
+    scale = 1.0 / (k * k)
+    for n in range(n_img):
+        for c in range(n_ch):
+            for y in range(oh):
+                for xo in range(ow):
+                    g = grad[n, c, y, xo] * scale
+                    for i in range(k):
+                        for j in range(k):
+                            dx[n, c, y * stride + i, xo * stride + j] += g
+
+
+def _windows(x: Any, k: int, stride: int) -> Any:
+    """Strided view (N, C, OH, OW, k, k) of the pooling windows of x."""
+    xp = array_module(x)
+    n, c, h, w = x.shape
+    oh, ow = output_size(h, k, stride, 0), output_size(w, k, stride, 0)
+    s0, s1, s2, s3 = x.strides
+    return xp.lib.stride_tricks.as_strided(
+        x, shape=(n, c, oh, ow, k, k), strides=(s0, s1, s2 * stride, s3 * stride, s2, s3))
+
+
+def maxpool_forward_reference(x: Any, k: int, stride: int) -> tuple[Any, Any]:
+    """Max pooling in NumPy/CuPy: returns (out, flat argmax index hy*W + wx)."""
+    xp = array_module(x)
+    w = x.shape[3]
+    win = _windows(xp.ascontiguousarray(x), k, stride)
+    n, c, oh, ow = win.shape[:4]
+    flat = win.reshape(n, c, oh, ow, k * k)
+    local = flat.argmax(axis=-1)
+    out = xp.take_along_axis(flat, local[..., None], axis=-1)[..., 0]
+    rows = xp.arange(oh).reshape(oh, 1) * stride + local // k
+    cols = xp.arange(ow).reshape(1, ow) * stride + local % k
+    return out, (rows * w + cols).astype(np.int64)
+
+
+def maxpool_backward_reference(grad: Any, argmax: Any, x_shape: tuple) -> Any:
+    """Scatter-add each output gradient at its argmax."""
+    xp = array_module(grad)
+    n, c, h, w = x_shape
+    dx = xp.zeros((n * c, h * w), dtype=grad.dtype)
+    planes = xp.arange(n * c).reshape(n * c, 1)
+    xp.add.at(dx, (planes, argmax.reshape(n * c, -1)), grad.reshape(n * c, -1))
+    return dx.reshape(x_shape)
+
+
+def avgpool_forward_reference(x: Any, k: int, stride: int) -> Any:
+    """Average pooling in NumPy/CuPy."""
+    return _windows(x, k, stride).mean(axis=(-2, -1))
+
+
+def avgpool_backward_reference(grad: Any, x_shape: tuple, k: int, stride: int) -> Any:
+    """Spread each output gradient evenly over its window."""
+    xp = array_module(grad)
+    dx = xp.zeros(x_shape, dtype=grad.dtype)
+    oh, ow = grad.shape[2], grad.shape[3]
+    share = grad / (k * k)
+    for i in range(k):
+        for j in range(k):
+            dx[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride] += share
+    return dx
+
+
+def maxpool_forward(x: Any, k: int, stride: int) -> tuple[Any, Any]:
+    """Max pooling: (out, argmax), dispatched to Numba on NumPy arrays."""
+    if not use_kernels(x):
+        return maxpool_forward_reference(x, k, stride)
+    ensure_compiled()
+    n, c, h, w = x.shape
+    oh, ow = output_size(h, k, stride, 0), output_size(w, k, stride, 0)
+    out = np.empty((n, c, oh, ow), dtype=x.dtype)
+    argmax = np.empty((n, c, oh, ow), dtype=np.int64)
+    _maxpool_forward_kernel(np.ascontiguousarray(x), k, stride, out, argmax)
+    return out, argmax
+
+
+def maxpool_backward(grad: Any, argmax: Any, x_shape: tuple) -> Any:
+    """Gradient of max pooling with respect to its input."""
+    if not use_kernels(grad, argmax):
+        return maxpool_backward_reference(grad, argmax, x_shape)
+    ensure_compiled()
+    dx = np.zeros(x_shape, dtype=grad.dtype)
+    _maxpool_backward_kernel(np.ascontiguousarray(grad), argmax, x_shape[3], dx)
+    return dx
+
+
+def avgpool_forward(x: Any, k: int, stride: int) -> Any:
+    """Average pooling, dispatched to Numba on NumPy arrays."""
+    if not use_kernels(x):
+        return avgpool_forward_reference(x, k, stride)
+    ensure_compiled()
+    n, c, h, w = x.shape
+    out = np.empty((n, c, output_size(h, k, stride, 0), output_size(w, k, stride, 0)),
+                   dtype=x.dtype)
+    _avgpool_forward_kernel(np.ascontiguousarray(x), k, stride, out)
+    return out
+
+
+def avgpool_backward(grad: Any, x_shape: tuple, k: int, stride: int) -> Any:
+    """Gradient of average pooling with respect to its input."""
+    if not use_kernels(grad):
+        return avgpool_backward_reference(grad, x_shape, k, stride)
+    ensure_compiled()
+    dx = np.zeros(x_shape, dtype=grad.dtype)
+    _avgpool_backward_kernel(np.ascontiguousarray(grad), k, stride, dx)
+    return dx
+
+
+@register_warmup
+def _warm(dtype: type) -> None:
+    x = np.zeros((1, 1, 2, 2), dtype=dtype)
+    out = np.empty((1, 1, 1, 1), dtype=dtype)
+    argmax = np.zeros((1, 1, 1, 1), dtype=np.int64)
+    _maxpool_forward_kernel(x, 2, 2, out, argmax)
+    _maxpool_backward_kernel(out, argmax, 2, x)
+    _avgpool_forward_kernel(x, 2, 2, out)
+    _avgpool_backward_kernel(out, 2, 2, x)
