@@ -1,12 +1,13 @@
 """Function: one differentiable operation, forward and backward on raw arrays.
 
 A Function subclass implements ``forward(*arrays, **options)`` returning the output
-array and ``backward(grad_output)`` returning one gradient per input (None where an
-input needs none; ``self.needs_grad[i]`` tells which inputs do, so a costly gradient
-such as that of the image batch is never computed). Whatever backward needs is saved on ``self`` during forward: the
-instance *is* the saved context. :meth:`Function.apply` wraps the arrays of Tensor
-inputs, runs forward, and links the output into the graph only when a gradient is
-needed, so inference under :func:`no_grad` builds no graph at all.
+array and ``backward(grad_output)`` returning one gradient per input (None where
+an input needs none; ``self.wants(i)`` tells which inputs do, so a costly
+gradient such as that of the image batch is never computed). Whatever backward
+needs is saved on ``self`` during forward: the instance *is* the saved context.
+:meth:`Function.apply` wraps the arrays of Tensor inputs, runs forward, and links
+the output into the graph only when a gradient is needed, so inference under
+:func:`no_grad` builds no graph at all.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class Function(abc.ABC):
     @abc.abstractmethod
     def backward(self, grad_output: Any) -> tuple:
         """Return the gradient of the loss with respect to each input."""
+
+    def wants(self, i: int) -> bool:
+        """Whether input ``i`` (which may be an omitted optional input) needs a gradient."""
+        return i < len(self.needs_grad) and self.needs_grad[i]
 
     @classmethod
     def apply(cls, *inputs: Any, **options: Any) -> Tensor:

@@ -68,9 +68,8 @@ def set_thread_environment() -> int:
 def limit_threads(n: int | None = None) -> int:
     """Limit the BLAS and Numba thread pools of this process now; returns the count."""
     n = threads_per_rank() if n is None else n
-    from threadpoolctl import threadpool_limits
-
     import numba
+    from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=n)
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))

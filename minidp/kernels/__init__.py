@@ -6,10 +6,14 @@ compilation is serialised per node.
 """
 
 from minidp.kernels.elementwise import relu_backward, sgd_update
-from minidp.kernels.im2col import col2im, im2col, output_size
 from minidp.kernels.jit import ensure_compiled, jit_enabled, use_kernels
-from minidp.kernels.pooling import avgpool_backward, avgpool_forward, maxpool_backward, \
-    maxpool_forward
+from minidp.kernels.pooling import (
+    avgpool_backward,
+    avgpool_forward,
+    maxpool_backward,
+    maxpool_forward,
+)
+from minidp.kernels.unfold import col2im, im2col, output_size
 
 __all__ = [
     "avgpool_backward", "avgpool_forward", "col2im", "ensure_compiled", "im2col",

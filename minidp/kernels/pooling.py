@@ -14,8 +14,8 @@ import numba
 import numpy as np
 
 from minidp.backend import array_module
-from minidp.kernels.im2col import output_size
 from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.unfold import output_size
 
 
 @numba.njit(cache=True, nogil=True)

@@ -21,22 +21,22 @@ def _raw(value: Any) -> Any:
 
 
 def add(a: Any, b: Any) -> Any:
-    """a + b with broadcasting."""
+    """A + b with broadcasting."""
     return Add.apply(a, b)
 
 
 def sub(a: Any, b: Any) -> Any:
-    """a - b with broadcasting."""
+    """A - b with broadcasting."""
     return Sub.apply(a, b)
 
 
 def mul(a: Any, b: Any) -> Any:
-    """a * b with broadcasting."""
+    """A * b with broadcasting."""
     return Mul.apply(a, b)
 
 
 def div(a: Any, b: Any) -> Any:
-    """a / b with broadcasting."""
+    """A / b with broadcasting."""
     return Div.apply(a, b)
 
 
@@ -46,7 +46,7 @@ def neg(a: Any) -> Any:
 
 
 def pow(a: Any, b: Any) -> Any:
-    """a ** b with broadcasting."""
+    """A ** b with broadcasting."""
     return Pow.apply(a, b)
 
 
@@ -96,7 +96,7 @@ def matmul(a: Any, b: Any) -> Any:
 
 
 def linear(x: Any, w: Any, b: Any = None) -> Any:
-    """x @ w.T + b (PyTorch's layout, w of shape (out, in))."""
+    """X @ w.T + b (PyTorch's layout, w of shape (out, in))."""
     return Linear.apply(x, w, b) if b is not None else Linear.apply(x, w)
 
 

@@ -70,10 +70,10 @@ class Conv2d(Function):
     def backward(self, g: Any) -> tuple:
         f = self.w.shape[0]
         g2 = g.transpose(1, 0, 2, 3).reshape(f, -1)  # (F, N*OH*OW)
-        gw = (g2 @ self.cols.T).reshape(self.w.shape) if self.needs_grad[1] else None
-        gb = g2.sum(axis=1) if len(self.needs_grad) > 2 and self.needs_grad[2] else None
+        gw = (g2 @ self.cols.T).reshape(self.w.shape) if self.wants(1) else None
+        gb = g2.sum(axis=1) if self.wants(2) else None
         gx = None
-        if self.needs_grad[0]:
+        if self.wants(0):
             kh, kw, stride, padding = self.geometry
             gx = col2im(self.w.reshape(f, -1).T @ g2, self.x_shape, kh, kw, stride, padding)
         return gx, gw, gb

@@ -49,8 +49,8 @@ class Mul(Function):
         return a * b
 
     def backward(self, g: Any) -> tuple:
-        ga = unbroadcast(g * self.b, _shape(self.a)) if self.needs_grad[0] else None
-        gb = unbroadcast(g * self.a, _shape(self.b)) if self.needs_grad[1] else None
+        ga = unbroadcast(g * self.b, _shape(self.a)) if self.wants(0) else None
+        gb = unbroadcast(g * self.a, _shape(self.b)) if self.wants(1) else None
         return ga, gb
 
 
@@ -62,9 +62,9 @@ class Div(Function):
         return a / b
 
     def backward(self, g: Any) -> tuple:
-        ga = unbroadcast(g / self.b, _shape(self.a)) if self.needs_grad[0] else None
+        ga = unbroadcast(g / self.b, _shape(self.a)) if self.wants(0) else None
         gb = (unbroadcast(-g * self.a / (self.b * self.b), _shape(self.b))
-              if self.needs_grad[1] else None)
+              if self.wants(1) else None)
         return ga, gb
 
 
@@ -89,9 +89,9 @@ class Pow(Function):
     def backward(self, g: Any) -> tuple:
         xp = array_module(self.a, self.b)
         ga = gb = None
-        if self.needs_grad[0]:
+        if self.wants(0):
             ga = unbroadcast(g * self.b * self.a ** (self.b - 1), _shape(self.a))
-        if self.needs_grad[1]:
+        if self.wants(1):
             gb = unbroadcast(g * self.out * xp.log(self.a), _shape(self.b))
         return ga, gb
 

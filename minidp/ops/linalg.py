@@ -43,9 +43,9 @@ class Matmul(Function):
         if self.b.ndim == 1:
             g = g[..., None]
         ga = gb = None
-        if self.needs_grad[0]:
+        if self.wants(0):
             ga = unbroadcast(g @ b.swapaxes(-1, -2), a.shape).reshape(self.a.shape)
-        if self.needs_grad[1]:
+        if self.wants(1):
             gb = unbroadcast(a.swapaxes(-1, -2) @ g, b.shape).reshape(self.b.shape)
         return ga, gb
 
@@ -70,7 +70,7 @@ class Linear(Function):
 
     def backward(self, g: Any) -> tuple:
         g2 = g.reshape(-1, g.shape[-1])  # (M, out)
-        gx = (g2 @ self.w).reshape(self.x_shape) if self.needs_grad[0] else None
-        gw = g2.T @ self.x2 if self.needs_grad[1] else None
-        gb = g2.sum(axis=0) if len(self.needs_grad) > 2 and self.needs_grad[2] else None
+        gx = (g2 @ self.w).reshape(self.x_shape) if self.wants(0) else None
+        gw = g2.T @ self.x2 if self.wants(1) else None
+        gb = g2.sum(axis=0) if self.wants(2) else None
         return gx, gw, gb

