@@ -14,16 +14,17 @@ which keeps that mode fast enough to run the whole test suite.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numba
 import numpy as np
 
 _warmups: list[Callable[[type], None]] = []
-_state = {"ready": False}
+_state = {"ready": False, "references_only": False}
 
 
 def jit_enabled() -> bool:
@@ -33,7 +34,19 @@ def jit_enabled() -> bool:
 
 def use_kernels(*arrays: object) -> bool:
     """Whether the Numba kernels should run on these arrays (NumPy, JIT enabled)."""
-    return jit_enabled() and all(isinstance(a, np.ndarray) for a in arrays)
+    return (jit_enabled() and not _state["references_only"]
+            and all(isinstance(a, np.ndarray) for a in arrays))
+
+
+@contextlib.contextmanager
+def references_only() -> Iterator[None]:
+    """Run the NumPy references instead of the kernels (benchmarks compare the two)."""
+    previous = _state["references_only"]
+    _state["references_only"] = True
+    try:
+        yield
+    finally:
+        _state["references_only"] = previous
 
 
 def register_warmup(fn: Callable[[type], None]) -> Callable[[type], None]:
