@@ -5,5 +5,8 @@
 """
 
 import os
+import sys
 
+# helpers shared by test directories (spmd launcher, PyTorch twins)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 collect_ignore_glob = [] if os.environ.get("MINIDP_SPMD") else ["mpi/*", "scripts/*"]

@@ -1,0 +1,130 @@
+"""SGD and LARS update rules, LR schedules, and argument checks."""
+
+import numpy as np
+import pytest
+
+from minidp import layers
+from minidp.layers import Parameter
+from minidp.optim import (
+    LARS,
+    SGD,
+    CosineLR,
+    LRScheduler,
+    PolynomialLR,
+    StepLR,
+    WarmupLR,
+    trust_ratio,
+)
+
+
+def test_lars_trust_ratio_test_vector():
+    # torchlars' test vector: ||w||=1.234, ||g||=5.678, wd=1e-4, eps=1e-8, trust=0.001
+    assert trust_ratio(1.234, 5.678, 1e-4, 0.001, 1e-8) == pytest.approx(2.17325e-4, rel=1e-5)
+    assert trust_ratio(0.0, 5.678, 1e-4, 0.001, 1e-8) == 1.0
+    assert trust_ratio(1.234, 0.0, 1e-4, 0.001, 1e-8) == 1.0
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e4])
+def test_lars_update_norm_is_lr_trust_w_whatever_the_gradient_scale(scale):
+    rng = np.random.default_rng(0)
+    p = Parameter(rng.standard_normal((5, 7)))
+    q = Parameter(rng.standard_normal(3) * 4)
+    before = [p.data.copy(), q.data.copy()]
+    p.grad, q.grad = rng.standard_normal((5, 7)) * scale, rng.standard_normal(3) * scale
+    opt = LARS([p, q], lr=0.1, momentum=0.0, weight_decay=0.0, trust_coefficient=0.001, eps=0.0)
+    opt.step()
+    for new, old in zip((p.data, q.data), before):
+        assert np.linalg.norm(new - old) == pytest.approx(0.1 * 0.001 * np.linalg.norm(old),
+                                                          rel=1e-12)
+
+
+def test_lars_excludes_biases_when_asked():
+    p, b = Parameter(np.ones((2, 2))), Parameter(np.ones(2))
+    p.grad, b.grad = np.ones((2, 2)), np.ones(2)
+    opt = LARS([p, b], lr=0.5, momentum=0.0, weight_decay=0.1, exclude_bias_and_bn=True)
+    opt.step()
+    np.testing.assert_allclose(b.data, 1 - 0.5 * 1.0)  # plain SGD, no weight decay
+    assert opt.last_ratios[1] == 1.0 and opt.last_ratios[0] < 1e-2
+
+
+def reference_sgd(w, grads, lr, momentum, nesterov, wd):
+    """PyTorch's SGD written out step by step."""
+    buf = None
+    for g in grads:
+        d = g + wd * w
+        if momentum:
+            buf = d.copy() if buf is None else momentum * buf + d
+            d = d + momentum * buf if nesterov else buf
+        w = w - lr * d
+    return w
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0, False, 0), (0.9, False, 0),
+                                                   (0.9, True, 1e-2), (0.5, False, 5e-4)])
+@pytest.mark.parametrize("flat", [True, False])
+def test_sgd_matches_pytorch_convention(momentum, nesterov, wd, flat):
+    layers.manual_seed(3)
+    model = layers.mlp(6, (5,), 3).to(np.float64)
+    params = model.parameters() if flat else [Parameter(p.data.copy()) for p in model.parameters()]
+    w0 = [p.data.copy() for p in params]
+    rng = np.random.default_rng(1)
+    grads = [[rng.standard_normal(p.shape) for p in params] for _ in range(4)]
+    opt = SGD(params, lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    assert (opt.flat is not None) == flat
+    for step in grads:
+        for p, g in zip(params, step):
+            if p.grad is None:
+                p.grad = g.copy()
+            else:
+                p.grad[...] = g
+        opt.step()
+    for i, p in enumerate(params):
+        expected = reference_sgd(w0[i], [s[i] for s in grads], 0.1, momentum, nesterov, wd)
+        np.testing.assert_allclose(p.data, expected, rtol=1e-12, atol=1e-14)
+
+
+def test_optimizer_state_round_trips():
+    model = layers.mlp(4, (3,), 2)
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.flat_parameters().grad[...] = 1
+    opt.step()
+    saved = opt.state_dict()
+    opt2 = SGD(model.parameters(), lr=0.5, momentum=0.9)
+    opt2.load_state_dict(saved)
+    np.testing.assert_array_equal(opt2.state, opt.state)
+    assert opt2.lr == 0.1 and opt2.step_count == 1
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(lr=-0.1), r"lr: got -0.1, allowed: >= 0"),
+    (dict(lr=0.1, momentum=1.5), r"momentum: got 1.5, allowed: in \[0.0, 1.0\)"),
+    (dict(lr=0.1, momentum=-0.1), "momentum: got -0.1"),
+    (dict(lr=0.1, weight_decay=-1), "weight_decay: got -1"),
+    (dict(lr=0.1, nesterov=True), "Nesterov needs momentum > 0"),
+    (dict(lr=float("nan")), "lr: got nan"),
+])
+def test_sgd_rejects_out_of_range_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SGD(layers.mlp(4, (3,), 2).parameters(), **kwargs)
+
+
+def test_optimizer_notices_replaced_parameters():
+    model = layers.mlp(4, (3,), 2)
+    opt = SGD(model.parameters(), lr=0.1)
+    model.to(np.float64)
+    with pytest.raises(RuntimeError, match="replaced after the optimizer was built"):
+        opt.step()
+
+
+def test_schedules():
+    assert StepLR(1.0, 10, 0.5)(25) == 0.25
+    cos = CosineLR(1.0, 100, min_lr=0.1)
+    assert cos(0) == 1.0 and cos(100) == pytest.approx(0.1) and cos(50) == pytest.approx(0.55)
+    poly = PolynomialLR(2.0, 10)
+    assert poly(0) == 2.0 and poly(5) == pytest.approx(0.5) and poly(10) == 0.0
+    warm = WarmupLR(PolynomialLR(1.0, 100), warmup_steps=10)
+    assert warm(0) == 0.0 and warm(5) == pytest.approx(0.5 * 0.95 ** 2)
+    assert warm(10) == pytest.approx(0.9 ** 2)
+    opt = SGD(layers.mlp(4, (3,), 2).parameters(), lr=1.0)
+    sched = LRScheduler(opt, StepLR(1.0, 2, 0.1))
+    assert [sched.step() for _ in range(4)] == pytest.approx([1.0, 0.1, 0.1, 0.01])
