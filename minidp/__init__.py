@@ -1,13 +1,16 @@
 """minidp: data-parallel deep learning in plain Python on NumPy/CuPy, with MPI.
 
 Thread limits are exported before NumPy is first imported (see :mod:`minidp.threads`),
-so BLAS starts with one thread per rank when several ranks share a node.
+so BLAS starts with one thread per rank when several ranks share a node, and
+glibc's malloc is told to keep large temporaries in the heap (:mod:`minidp.allocator`).
 """
 
+from minidp import allocator as _allocator
 from minidp import threads as _threads
 
 _threads.set_thread_environment()
 _threads.limit_threads()
+_allocator.tune_malloc()
 
 from minidp import functional  # noqa: E402
 from minidp.backend import get_backend, set_backend  # noqa: E402

@@ -1,0 +1,36 @@
+"""Thread and allocator settings that minidp makes for itself."""
+
+import os
+import subprocess
+import sys
+
+
+def run(code, **env):
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("MINIDP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_one_thread_per_rank_when_ranks_fill_the_cores():
+    code = ("import minidp, threadpoolctl; "
+            "print(max(p['num_threads'] for p in threadpoolctl.threadpool_info()))")
+    cores = len(os.sched_getaffinity(0))
+    assert run(code, MPI_LOCALNRANKS=str(cores)) == "1"
+    assert run(code, MPI_LOCALNRANKS="1") == str(cores)
+    assert run(code, MINIDP_NUM_THREADS="1", MPI_LOCALNRANKS="1") == "1"
+
+
+def test_bad_thread_override_is_a_clear_error():
+    proc = subprocess.run([sys.executable, "-c", "import minidp"], capture_output=True, text=True,
+                          env=dict(os.environ, MINIDP_NUM_THREADS="many"))
+    assert proc.returncode != 0
+    assert "MINIDP_NUM_THREADS: got 'many', allowed: a positive integer" in proc.stderr
+
+
+def test_malloc_tuning_applies_unless_turned_off():
+    code = "from minidp import allocator; print(allocator.tune_malloc())"
+    assert run(code) == "True"
+    assert run(code, MINIDP_MALLOC_TUNING="0") == "False"
+    assert run(code, MALLOC_MMAP_THRESHOLD_="100000", MALLOC_TRIM_THRESHOLD_="100000") == "False"
