@@ -20,7 +20,7 @@ _LOCAL_SIZE_VARIABLES = (
     "SLURM_NTASKS_PER_NODE",
 )
 
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                      "NUMBA_NUM_THREADS")
 
 
@@ -60,7 +60,7 @@ def set_thread_environment() -> int:
     Explicit user settings of these variables are respected.
     """
     n = threads_per_rank()
-    for name in _THREAD_VARIABLES:
+    for name in THREAD_VARIABLES:
         os.environ.setdefault(name, str(n))
     return n
 

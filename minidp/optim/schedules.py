@@ -12,6 +12,13 @@ import math
 from minidp.optim.optimizer import Optimizer, check_range
 
 
+def check_count(name: str, value: object, minimum: int = 1) -> int:
+    """Return ``value`` if it is an int >= minimum, else raise ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name}: got {value!r}, allowed: an int >= {minimum}")
+    return value
+
+
 class Schedule:
     """Base: ``schedule(step) -> lr``; a plain schedule keeps ``base_lr``."""
 
@@ -31,9 +38,8 @@ class StepLR(Schedule):
 
     def __init__(self, base_lr: float, step_size: int, gamma: float = 0.1) -> None:
         super().__init__(base_lr)
-        if not isinstance(step_size, int) or step_size < 1:
-            raise ValueError(f"step_size: got {step_size!r}, allowed: a positive int")
-        self.step_size, self.gamma = step_size, check_range("gamma", gamma, 0.0)
+        self.step_size = check_count("step_size", step_size)
+        self.gamma = check_range("gamma", gamma, 0.0)
 
     def __call__(self, step: int) -> float:
         """Learning rate at ``step``."""
@@ -45,9 +51,8 @@ class CosineLR(Schedule):
 
     def __init__(self, base_lr: float, total_steps: int, min_lr: float = 0.0) -> None:
         super().__init__(base_lr)
-        if not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps: got {total_steps!r}, allowed: a positive int")
-        self.total_steps, self.min_lr = total_steps, check_range("min_lr", min_lr, 0.0)
+        self.total_steps = check_count("total_steps", total_steps)
+        self.min_lr = check_range("min_lr", min_lr, 0.0)
 
     def __call__(self, step: int) -> float:
         """Learning rate at ``step``."""
@@ -60,9 +65,8 @@ class PolynomialLR(Schedule):
 
     def __init__(self, base_lr: float, total_steps: int, power: float = 2.0) -> None:
         super().__init__(base_lr)
-        if not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps: got {total_steps!r}, allowed: a positive int")
-        self.total_steps, self.power = total_steps, check_range("power", power, 0.0)
+        self.total_steps = check_count("total_steps", total_steps)
+        self.power = check_range("power", power, 0.0)
 
     def __call__(self, step: int) -> float:
         """Learning rate at ``step``."""
@@ -74,9 +78,8 @@ class WarmupLR(Schedule):
 
     def __init__(self, schedule: Schedule, warmup_steps: int, start_factor: float = 0.0) -> None:
         super().__init__(schedule.base_lr)
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps: got {warmup_steps!r}, allowed: an int >= 0")
-        self.schedule, self.warmup_steps = schedule, warmup_steps
+        self.schedule = schedule
+        self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
         self.start_factor = check_range("start_factor", start_factor, 0.0, 1.0, True)
 
     def __call__(self, step: int) -> float:

@@ -128,3 +128,12 @@ def test_schedules():
     opt = SGD(layers.mlp(4, (3,), 2).parameters(), lr=1.0)
     sched = LRScheduler(opt, StepLR(1.0, 2, 0.1))
     assert [sched.step() for _ in range(4)] == pytest.approx([1.0, 0.1, 0.1, 0.01])
+
+
+def test_schedule_arguments_are_checked():
+    with pytest.raises(ValueError, match="total_steps: got 0, allowed: an int >= 1"):
+        PolynomialLR(1.0, 0)
+    with pytest.raises(ValueError, match="warmup_steps: got -1, allowed: an int >= 0"):
+        WarmupLR(CosineLR(1.0, 10), -1)
+    with pytest.raises(ValueError, match=r"base_lr: got -1.0, allowed: >= 0"):
+        StepLR(-1.0, 5)

@@ -5,9 +5,13 @@ import subprocess
 import sys
 
 
+from minidp.threads import THREAD_VARIABLES
+
+
 def run(code, **env):
+    # this pytest process exported its own thread counts when it imported minidp
     full = {k: v for k, v in os.environ.items()
-            if k not in ("MINIDP_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+            if k not in ("MINIDP_NUM_THREADS", *THREAD_VARIABLES)}
     full.update(env)
     return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
                           check=True).stdout.strip()
