@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-
 from minidp.threads import THREAD_VARIABLES
 
 
