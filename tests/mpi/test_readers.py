@@ -1,0 +1,130 @@
+"""SPMD: the readers' block partition, rotation, equivalences and collective errors."""
+
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from minidp.io import mdp
+from minidp.io.readers import MemoryReader, MPIIOReader, StridedReader, block_range
+
+comm = MPI.COMM_WORLD
+COUNT = 103  # prime: no world size divides it
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    path = tempfile.mkdtemp(prefix="minidp-readers-") if comm.rank == 0 else None
+    path = comm.bcast(path)
+    yield path
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path)
+
+
+def make_file(directory, name, count):
+    """Record i holds sample (i, -i) and label i % 7, so every sample names itself."""
+    path = os.path.join(directory, name)
+    if comm.rank == 0:
+        idx = np.arange(count, dtype=np.int32)
+        mdp.write_mdp(path, np.stack([idx, -idx], axis=1), (idx % 7).astype(np.int64), 7)
+    comm.Barrier()
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_file(workdir):
+    return make_file(workdir, "data.mdp", COUNT)
+
+
+def test_mpiio_blocks_partition_the_records(data_file):
+    reader = MPIIOReader(data_file)
+    blocks = comm.allgather(block_range(reader.block_of(0), comm.size, COUNT))
+    covered = sorted(i for a, b in blocks for i in range(a, b))
+    assert covered == list(range(COUNT))  # disjoint and covering
+    sizes = [b - a for a, b in blocks]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_each_rank_reads_every_block_once_over_size_epochs(data_file):
+    reader = MPIIOReader(data_file)
+    seen_blocks = []
+    for epoch in range(comm.size):
+        stream = reader.epoch(epoch)
+        start, stop = block_range(reader.block_of(epoch), comm.size, COUNT)
+        ids = stream.x[:, 0]
+        assert len(ids) == COUNT // comm.size
+        assert np.all((ids >= start) & (ids < stop)) and len(set(ids)) == len(ids)
+        np.testing.assert_array_equal(stream.x[:, 1], -ids)
+        np.testing.assert_array_equal(stream.y, ids % 7)
+        seen_blocks.append(reader.block_of(epoch))
+    assert sorted(seen_blocks) == list(range(comm.size))
+    assert reader.read_calls == comm.size  # one collective read per block
+
+
+def test_bounded_pieces_read_the_block_in_several_collective_calls(data_file):
+    reader = MPIIOReader(data_file, max_bytes=5 * 16)  # records are 16 bytes: 5 per call
+    ids = reader.epoch(1).x[:, 0]
+    start, stop = block_range(reader.block_of(1), comm.size, COUNT)
+    assert reader.read_calls == -(-(-(-COUNT // comm.size)) // 5)  # same count on every rank
+    assert len(ids) == COUNT // comm.size and len(set(ids)) == len(ids)
+    assert np.all((ids >= start) & (ids < stop))
+
+
+def test_memory_reader_on_n_ranks_equals_one_rank_with_n_times_the_batch(data_file):
+    batch = 4
+    mine = list(MemoryReader(data_file, seed=3).iterate(2, batch))
+    gathered = comm.allgather([x[:, 0] for x, _ in mine])
+    single = list(MemoryReader(data_file, MPI.COMM_SELF, seed=3).iterate(2, batch * comm.size))
+    assert len(single) == len(mine)
+    for step, (x, y) in enumerate(single):
+        np.testing.assert_array_equal(np.concatenate([g[step] for g in gathered]), x[:, 0])
+        np.testing.assert_array_equal(y, x[:, 0] % 7)
+
+
+def test_strided_reader_reads_the_memory_readers_samples(data_file):
+    strided = [x for x, _ in StridedReader(data_file, seed=5).iterate(0, 3)]
+    memory = [x for x, _ in MemoryReader(data_file, seed=5).iterate(0, 3)]
+    for a, b in zip(strided, memory, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_variable_batch_sizes(data_file):
+    stream = MPIIOReader(data_file).epoch(0)
+    sizes = [1, 5, 2, 7]
+    got = [stream.take(n) for n in sizes]
+    assert [len(y) for _, y in got] == sizes
+    assert stream.take(stream.remaining + 1) is None
+
+
+def test_bad_batch_sizes_raise_on_every_rank(data_file):
+    reader = MPIIOReader(data_file)
+    for bad in (0, COUNT // comm.size + 1):
+        with pytest.raises(ValueError, match=rf"rank {comm.rank}: batch size {bad} .*allowed 1 "
+                                             rf"to {COUNT // comm.size}"):
+            reader.batches_per_epoch(bad)
+
+
+def test_fewer_samples_than_ranks_is_an_error_on_every_rank(workdir):
+    path = make_file(workdir, "tiny.mdp", 2)
+    if comm.size > 2:
+        with pytest.raises(ValueError, match=r"has 2 samples, fewer than the \d ranks"):
+            MPIIOReader(path)
+    else:
+        assert MPIIOReader(path).samples_per_rank == 2 // comm.size
+
+
+def test_collective_checksum_verification(workdir, data_file):
+    MPIIOReader(data_file).verify()
+    bad = os.path.join(workdir, "bad.mdp")
+    if comm.rank == 0:
+        shutil.copy(data_file, bad)
+        with open(bad, "r+b") as f:
+            f.seek(mdp.HEADER_SIZE + 16 * (COUNT - 1))  # last record: in the last rank's block
+            f.write(b"\x7f")
+    comm.Barrier()
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        MPIIOReader(bad).verify()
