@@ -28,6 +28,7 @@ import abc
 import numpy as np
 from mpi4py import MPI
 
+from minidp import backend
 from minidp.io.mdp import HEADER_SIZE, Header, add_checksums, checksum, decode, read_header
 
 READERS = ("memory", "mpiio", "strided")
@@ -55,14 +56,14 @@ class EpochStream:
         return len(self.y) - self.position
 
     def take(self, n: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The next n samples, or None when fewer than n remain."""
+        """The next n samples on the selected backend, or None when fewer than n remain."""
         if not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"batch size: got {n!r}, allowed: a positive int")
         if n > self.remaining:
             return None
         sl = slice(self.position, self.position + n)
         self.position += n
-        return self.x[sl], self.y[sl]
+        return backend.to_device(self.x[sl]), backend.to_device(self.y[sl])
 
 
 class Reader(abc.ABC):
@@ -210,16 +211,20 @@ class StridedReader(MemoryReader):
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
         """Read this rank's samples at their scattered offsets, one call each."""
         order = self.global_order(epoch, batch_size).reshape(-1, self.size, batch_size)
-        mine = order[:, self.rank].reshape(-1)
+        return EpochStream(*decode(self.read_records(order[:, self.rank].reshape(-1)),
+                                   self.header))
+
+    def read_records(self, indices: np.ndarray) -> np.ndarray:
+        """Raw bytes of the given records, one independent File.Read_at call per record."""
         rs = self.header.record_size
-        raw = np.empty(len(mine) * rs, dtype=np.uint8)
+        raw = np.empty(len(indices) * rs, dtype=np.uint8)
         fh = MPI.File.Open(MPI.COMM_SELF, self.path, MPI.MODE_RDONLY)
         try:
-            for k, i in enumerate(mine):
+            for k, i in enumerate(indices):
                 fh.Read_at(HEADER_SIZE + int(i) * rs, raw[k * rs:(k + 1) * rs])
         finally:
             fh.Close()
-        return EpochStream(*decode(raw, self.header))
+        return raw
 
 
 def open_reader(kind: str, path: str, comm: MPI.Comm | None = None, seed: int = 0) -> Reader:
