@@ -14,6 +14,10 @@ Data order is a function of (seed, epoch) only.
   most ``max_bytes`` each (one call when the block fits), shuffled inside each piece,
   pieces in a shuffled order. Every rank uses floor(N/R) samples per epoch (the
   remainder record of larger blocks is dropped), so batch counts are equal.
+* ``leader``: "the node reads once": local rank 0 of each node reads the node's
+  contiguous block (rotating over nodes every epoch) with one collective
+  ``Read_at_all`` among the leaders, into an ``MPI.Win.Allocate_shared`` window; every
+  rank of the node then copies its own disjoint slice of the shuffled block.
 * ``strided``: the naive baseline: this rank's samples of the ``memory`` order, read one
   record at a time with ``File.Read_at`` at scattered offsets. Kept to be measured against.
 
@@ -31,7 +35,7 @@ from mpi4py import MPI
 from minidp import backend
 from minidp.io.mdp import HEADER_SIZE, Header, add_checksums, checksum, decode, read_header
 
-READERS = ("memory", "mpiio", "strided")
+READERS = ("memory", "mpiio", "leader", "strided")
 
 
 def block_range(block: int, blocks: int, count: int) -> tuple[int, int]:
@@ -202,6 +206,66 @@ class MPIIOReader(Reader):
         return EpochStream(np.concatenate(xs)[:n], np.concatenate(ys)[:n])
 
 
+class LeaderReader(Reader):
+    """One reader per node fills a shared-memory window; the node's ranks share it out.
+
+    Nodes are real (``Split_type(COMM_TYPE_SHARED)``) or virtual (``ranks_per_node``
+    consecutive ranks). Synchronisation: ``Win.Fence`` before the leader writes (no rank
+    still copies last epoch's data) and after (the data is visible to the whole node).
+    """
+
+    def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0,
+                 ranks_per_node: int | None = None) -> None:
+        super().__init__(path, comm, seed)
+        if ranks_per_node is None:
+            self.node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        else:
+            if not isinstance(ranks_per_node, int) or ranks_per_node < 1 or \
+                    self.size % ranks_per_node:
+                raise ValueError(f"rank {self.rank}: ranks_per_node {ranks_per_node!r} must "
+                                 f"be a positive divisor of the world size {self.size}")
+            self.node = self.comm.Split(self.rank // ranks_per_node, key=self.rank)
+        self.local_rank, self.local_size = self.node.Get_rank(), self.node.Get_size()
+        is_leader = self.local_rank == 0
+        self.leaders = self.comm.Split(0 if is_leader else MPI.UNDEFINED, key=self.rank)
+        self.num_nodes = self.comm.allreduce(int(is_leader))
+        self.node_id = self.node.bcast(self.leaders.Get_rank() if is_leader else None)
+        largest = -(-self.header.count // self.num_nodes) * self.header.record_size
+        self.window = MPI.Win.Allocate_shared(largest if is_leader else 0, 1, comm=self.node)
+        buf, _ = self.window.Shared_query(0)
+        self.shared = np.ndarray(buffer=buf, dtype=np.uint8, shape=(largest,))
+
+    def block_of(self, epoch: int) -> int:
+        """The block this rank's node reads in ``epoch``."""
+        return (self.node_id + epoch) % self.num_nodes
+
+    def epoch(self, epoch: int) -> EpochStream:
+        """This rank's disjoint slice of its node's shuffled block."""
+        rs = self.header.record_size
+        start, stop = block_range(self.block_of(epoch), self.num_nodes, self.header.count)
+        nbytes = (stop - start) * rs
+        self.window.Fence()
+        if self.local_rank == 0:
+            fh = MPI.File.Open(self.leaders, self.path, MPI.MODE_RDONLY)
+            try:
+                fh.Read_at_all(HEADER_SIZE + start * rs, self.shared[:nbytes])
+            finally:
+                fh.Close()
+        self.window.Fence()
+        order = epoch_rng(self.seed, epoch, self.node_id).permutation(stop - start)
+        n = self.samples_per_rank
+        x, y = decode(self.shared[:nbytes], self.header)
+        mine = order[self.local_rank * n:(self.local_rank + 1) * n]
+        return EpochStream(x[mine], y[mine])
+
+    def free(self) -> None:
+        """Release the shared window and communicators (collective on the node)."""
+        self.window.Free()
+        self.node.Free()
+        if self.leaders != MPI.COMM_NULL:
+            self.leaders.Free()
+
+
 class StridedReader(MemoryReader):
     """Baseline: the memory reader's samples, read one record per File.Read_at call."""
 
@@ -228,8 +292,9 @@ class StridedReader(MemoryReader):
 
 
 def open_reader(kind: str, path: str, comm: MPI.Comm | None = None, seed: int = 0) -> Reader:
-    """A reader by name: ``memory``, ``mpiio`` or ``strided``."""
-    classes = {"memory": MemoryReader, "mpiio": MPIIOReader, "strided": StridedReader}
+    """A reader by name: ``memory``, ``mpiio``, ``leader`` or ``strided``."""
+    classes = {"memory": MemoryReader, "mpiio": MPIIOReader, "leader": LeaderReader,
+               "strided": StridedReader}
     if kind not in classes:
         raise ValueError(f"reader: got {kind!r}, allowed: {', '.join(READERS)}")
     return classes[kind](path, comm, seed)

@@ -128,3 +128,25 @@ def test_collective_checksum_verification(workdir, data_file):
     comm.Barrier()
     with pytest.raises(ValueError, match="checksum mismatch"):
         MPIIOReader(bad).verify()
+
+
+@pytest.mark.parametrize("ranks_per_node", [1, 2, None])
+def test_leader_reader_shares_each_node_block_disjointly(data_file, ranks_per_node):
+    from minidp.io.readers import LeaderReader
+
+    if ranks_per_node is not None and comm.size % ranks_per_node:
+        with pytest.raises(ValueError, match=f"ranks_per_node {ranks_per_node} must be a "
+                                             f"positive divisor of the world size {comm.size}"):
+            LeaderReader(data_file, ranks_per_node=ranks_per_node)
+        return
+    reader = LeaderReader(data_file, ranks_per_node=ranks_per_node)
+    blocks = []
+    for epoch in range(reader.num_nodes):
+        ids = reader.epoch(epoch).x[:, 0]
+        start, stop = block_range(reader.block_of(epoch), reader.num_nodes, COUNT)
+        assert len(ids) == COUNT // comm.size and np.all((ids >= start) & (ids < stop))
+        node_ids = np.concatenate(reader.node.allgather(ids))
+        assert len(set(node_ids)) == len(node_ids)  # ranks of a node never share a sample
+        blocks.append(reader.block_of(epoch))
+    assert sorted(blocks) == list(range(reader.num_nodes))
+    reader.free()
