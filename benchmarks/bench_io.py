@@ -1,8 +1,10 @@
 """Reading a dataset file: collective contiguous MPI-IO against naive readers.
 
-    .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py benchmarks/bench_io.py [--size-mb 220]
+    .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py benchmarks/bench_io.py \
+        [--size-mb 220] [--shape 1,28,28]
 
-Generates (once) an .mdp file of at least 200 MB of CIFAR-shaped uint8 records and
+Generates (once) an .mdp file of at least 200 MB of uint8 records (Fashion-MNIST's
+1x28x28 by default, ``--shape 3,32,32`` for CIFAR-10's) and
 times, per rank and in one run, reading this rank's share of one epoch three ways:
 
 * ``mpiio``: minidp's reader, this rank's contiguous block by collective ``Read_at_all``;
@@ -28,20 +30,20 @@ from minidp.io.mdp import HEADER_SIZE, read_header, write_mdp  # noqa: E402
 from minidp.io.readers import MPIIOReader, StridedReader, block_range  # noqa: E402
 
 comm = MPI.COMM_WORLD
-SHAPE = (3, 32, 32)
 
 
-def ensure_file(path: str, size_mb: int) -> None:
-    record = int(np.prod(SHAPE)) + 8
+def ensure_file(path: str, size_mb: int, shape: tuple[int, ...]) -> None:
+    record = int(np.prod(shape)) + 8
     count = size_mb * 2**20 // record + 1
     if comm.rank == 0:
         try:
-            ok = read_header(path).count == count
+            header = read_header(path)
+            ok = header.count == count and header.sample_shape == shape
         except (FileNotFoundError, ValueError):
             ok = False
         if not ok:
             rng = np.random.default_rng(0)
-            x = rng.integers(0, 256, (count, *SHAPE), dtype=np.uint8)
+            x = rng.integers(0, 256, (count, *shape), dtype=np.uint8)
             write_mdp(path, x, rng.integers(0, 10, count), 10, progress=True)
     comm.Barrier()
 
@@ -59,10 +61,12 @@ def timed(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mb", type=int, default=220)
-    parser.add_argument("--path", default=os.path.join("data", "bench-io.mdp"))
+    parser.add_argument("--shape", default="1,28,28", help="sample shape, e.g. 3,32,32")
     args = parser.parse_args()
-    os.makedirs(os.path.dirname(args.path) or ".", exist_ok=True)
-    ensure_file(args.path, args.size_mb)
+    shape = tuple(int(d) for d in args.shape.split(","))
+    args.path = os.path.join("data", f"bench-io-{'x'.join(map(str, shape))}.mdp")
+    os.makedirs("data", exist_ok=True)
+    ensure_file(args.path, args.size_mb, shape)
 
     mpiio = MPIIOReader(args.path)
     strided = StridedReader(args.path)
