@@ -1,0 +1,277 @@
+"""Allreduce of a flat float buffer, five ways, same signature, selectable by name.
+
+``allreduce(buffer, topology, algorithm, op)`` reduces ``buffer`` in place on every
+rank (``op`` "sum" or "mean"). Receive buffers and shared windows are workspaces
+cached on the topology, so a training loop allocates nothing per call. A buffer that
+*is* this rank's segment of the node's window (:func:`shared_buffer`) is reduced
+without any copy by the hierarchical algorithms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from minidp.comm.shared import SharedArray
+from minidp.comm.topology import Topology
+
+ALLREDUCE_ALGORITHMS = ("mpi", "ring", "recursive_doubling", "hierarchical_leader",
+                        "hierarchical")
+OPS = ("sum", "mean")
+_TAG = 7301
+
+
+def _workspace(topology: Topology, key: tuple, make: Any) -> Any:
+    cache = topology.__dict__.setdefault("_workspaces", {})
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def shared_buffer(topology: Topology, size: int, dtype: Any) -> np.ndarray:
+    """This rank's segment of the node window the hierarchical algorithms use.
+
+    Placing a model's flat gradient buffer here (``FlatParameters.rebind_grad``) makes
+    the intra-node level zero-copy.
+    """
+    dtype = np.dtype(dtype)
+    shared = _workspace(topology, ("shared", size, dtype),
+                        lambda: SharedArray(topology.node, size, dtype))
+    return shared.segment
+
+
+def _scratch(topology: Topology, size: int, dtype: np.dtype) -> np.ndarray:
+    return _workspace(topology, ("scratch", size, dtype), lambda: np.empty(size, dtype))
+
+
+def chunk_bounds(n: int, parts: int) -> list[int]:
+    """Boundaries of ``parts`` contiguous chunks of n elements, sizes differing by <= 1."""
+    return [i * n // parts for i in range(parts + 1)]
+
+
+def mpi_allreduce(buf: np.ndarray, topology: Topology) -> None:
+    """The library's own ``Allreduce`` on the world communicator (the reference)."""
+    topology.world.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+
+def ring_allreduce(buf: np.ndarray, topology: Topology) -> None:
+    """Reduce-scatter then allgather around a ring, p-1 steps each.
+
+    Pattern::
+
+        step s of reduce-scatter: rank r sends chunk (r-s) to r+1, receives chunk (r-s-1)
+        from r-1 and adds it; after p-1 steps rank r holds the full sum of chunk (r+1).
+        allgather: the finished chunks travel p-1 steps further around the same ring.
+
+    Each rank sends 2(p-1)/p of the buffer, in 2(p-1) messages; chunk sizes differ by
+    at most one element, so any world size and buffer size work.
+    """
+    comm, p, r = topology.world, topology.size, topology.rank
+    if p == 1 or buf.size == 0:
+        return
+    b = chunk_bounds(buf.size, p)
+    tmp = _scratch(topology, b[1] - b[0] + 1, buf.dtype)
+    right, left = (r + 1) % p, (r - 1) % p
+    for step in range(p - 1):
+        send, recv = (r - step) % p, (r - step - 1) % p
+        n = b[recv + 1] - b[recv]
+        comm.Sendrecv(buf[b[send]:b[send + 1]], dest=right, sendtag=_TAG,
+                      recvbuf=tmp[:n], source=left, recvtag=_TAG)
+        buf[b[recv]:b[recv + 1]] += tmp[:n]
+    for step in range(p - 1):
+        send, recv = (r + 1 - step) % p, (r - step) % p
+        comm.Sendrecv(buf[b[send]:b[send + 1]], dest=right, sendtag=_TAG + 1,
+                      recvbuf=buf[b[recv]:b[recv + 1]], source=left, recvtag=_TAG + 1)
+
+
+def recursive_doubling_allreduce(buf: np.ndarray, topology: Topology) -> None:
+    """Exchange whole buffers with partners at distance 1, 2, 4, ... (log2 p rounds).
+
+    Pattern::
+
+        non-power-of-two fix (p = 2^k + rem): in the first 2*rem ranks, each even rank
+        sends its buffer to the odd rank above it and sits out; the 2^k remaining ranks
+        run the doubling rounds (partner = new_rank XOR mask); at the end every odd
+        rank of the first 2*rem sends the result back to its even neighbour.
+    """
+    comm, p, r = topology.world, topology.size, topology.rank
+    if p == 1 or buf.size == 0:
+        return
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    tmp = _scratch(topology, buf.size, buf.dtype)
+    if r < 2 * rem:
+        if r % 2 == 0:
+            comm.Send(buf, dest=r + 1, tag=_TAG + 2)
+            comm.Recv(buf, source=r + 1, tag=_TAG + 3)
+            return
+        comm.Recv(tmp, source=r - 1, tag=_TAG + 2)
+        buf += tmp
+        new_rank = r // 2
+    else:
+        new_rank = r - rem
+    mask = 1
+    while mask < pof2:
+        partner_new = new_rank ^ mask
+        partner = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
+        comm.Sendrecv(buf, dest=partner, sendtag=_TAG + 4, recvbuf=tmp, source=partner,
+                      recvtag=_TAG + 4)
+        buf += tmp
+        mask <<= 1
+    if r < 2 * rem:
+        comm.Send(buf, dest=r - 1, tag=_TAG + 3)
+
+
+def _node_window(buf: np.ndarray, topology: Topology) -> tuple[SharedArray, bool]:
+    """The node's window for this buffer size; copies buf in unless it is the segment."""
+    shared = _workspace(topology, ("shared", buf.size, buf.dtype),
+                        lambda: SharedArray(topology.node, buf.size, buf.dtype))
+    zero_copy = buf.size > 0 and buf.ctypes.data == shared.segment.ctypes.data
+    if not zero_copy:
+        shared.segment[...] = buf
+    return shared, zero_copy
+
+
+def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
+    """Leader-only two-level reduction (for teaching; ``hierarchical`` is faster).
+
+    Pattern::
+
+        1. every rank writes its buffer into its segment of the node window; sync
+        2. the leader sums the G segments, allreduces the sum over ``leaders``, and
+           writes the result into every segment; sync
+        3. every rank reads its own segment
+    """
+    shared, zero_copy = _node_window(buf, topology)
+    shared.sync()
+    if topology.is_leader and buf.size:
+        total = _scratch(topology, buf.size, buf.dtype)
+        np.sum(shared.whole, axis=0, out=total)
+        if topology.num_nodes > 1:
+            topology.leaders.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+        shared.whole[...] = total
+    shared.sync()
+    if not zero_copy:
+        buf[...] = shared.segment
+
+
+def _slice_reduce(buf: np.ndarray, topology: Topology) -> tuple[SharedArray, bool, slice,
+                                                                 np.ndarray]:
+    shared, zero_copy = _node_window(buf, topology)
+    shared.sync()
+    b = chunk_bounds(buf.size, topology.local_size)
+    mine = slice(b[topology.local_rank], b[topology.local_rank + 1])
+    part = _scratch(topology, buf.size, buf.dtype)[:mine.stop - mine.start]
+    np.sum(shared.whole[:, mine], axis=0, out=part)
+    return shared, zero_copy, mine, part
+
+
+def _slice_finish(buf: np.ndarray, shared: SharedArray, zero_copy: bool, mine: slice,
+                  part: np.ndarray) -> None:
+    shared.whole[:, mine] = part
+    shared.sync()
+    if not zero_copy:
+        buf[...] = shared.segment
+
+
+def hierarchical_allreduce(buf: np.ndarray, topology: Topology) -> None:
+    """Every local rank reduces one slice; the rails reduce the slices in parallel.
+
+    Pattern::
+
+        1. every rank writes its buffer into its segment of the node window; sync
+        2. local rank k sums slice k (1/G of the buffer) over the G segments
+        3. rail k (``cross``) allreduces slice k across the nodes: G rails at once
+        4. local rank k writes slice k into every segment; sync; each rank has the sum
+
+    Zero-copy when the buffer is this rank's segment (:func:`shared_buffer`).
+    """
+    shared, zero_copy, mine, part = _slice_reduce(buf, topology)
+    if topology.num_nodes > 1 and part.size:
+        topology.cross.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
+    _slice_finish(buf, shared, zero_copy, mine, part)
+
+
+_ALGORITHMS = {"mpi": mpi_allreduce, "ring": ring_allreduce,
+               "recursive_doubling": recursive_doubling_allreduce,
+               "hierarchical_leader": hierarchical_leader_allreduce,
+               "hierarchical": hierarchical_allreduce}
+
+
+def _check(buffer: Any, algorithm: str, op: str, rank: int) -> None:
+    if algorithm not in _ALGORITHMS:
+        raise ValueError(f"rank {rank}: allreduce algorithm {algorithm!r}, allowed: "
+                         f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+    if op not in OPS:
+        raise ValueError(f"rank {rank}: allreduce op {op!r}, allowed: {', '.join(OPS)}")
+    if not isinstance(buffer, np.ndarray) or buffer.ndim != 1 or \
+            not buffer.flags.c_contiguous or buffer.dtype.kind != "f":
+        raise TypeError(f"rank {rank}: allreduce buffer must be a contiguous 1-D float NumPy "
+                        f"array, got {type(buffer).__name__} {getattr(buffer, 'shape', '')} "
+                        f"{getattr(buffer, 'dtype', '')}")
+
+
+def _finish(buffer: np.ndarray, topology: Topology, op: str, check_finite: bool) -> None:
+    if op == "mean":
+        buffer /= topology.size
+    if check_finite and not np.all(np.isfinite(buffer)):
+        bad = int(np.flatnonzero(~np.isfinite(buffer))[0])
+        raise FloatingPointError(f"rank {topology.rank}: allreduce result is not finite "
+                                 f"(first at element {bad}: {buffer[bad]})")
+
+
+def allreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarchical",
+              op: str = "sum", check_finite: bool = False) -> np.ndarray:
+    """Reduce ``buffer`` in place over all ranks of ``topology.world``; returns it."""
+    _check(buffer, algorithm, op, topology.rank)
+    _ALGORITHMS[algorithm](buffer, topology)
+    _finish(buffer, topology, op, check_finite)
+    return buffer
+
+
+class AllreduceRequest:
+    """A started non-blocking allreduce: ``test()`` polls, ``wait()`` completes it.
+
+    ``wait()`` of the hierarchical form ends with a node-wide sync, so every rank of the
+    node must call it.
+    """
+
+    def __init__(self, request: MPI.Request, finish: Any) -> None:
+        self.request, self._finish, self.done = request, finish, False
+
+    def test(self) -> bool:
+        """Progress the communication; True once it has completed (then call wait())."""
+        return self.done or bool(self.request.Test())
+
+    def wait(self) -> None:
+        """Block until complete and finish the reduction (idempotent)."""
+        if not self.done:
+            self.request.Wait()
+            self._finish()
+            self.done = True
+
+
+def iallreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarchical",
+               op: str = "sum") -> AllreduceRequest:
+    """Start a non-blocking allreduce (``mpi`` or ``hierarchical``) of ``buffer``.
+
+    The buffer must not be touched until ``wait()``. For ``hierarchical``, the intra-node
+    slice reduction runs now and the rails' ``Iallreduce`` runs in the background.
+    """
+    if algorithm not in ("mpi", "hierarchical"):
+        raise ValueError(f"rank {topology.rank}: non-blocking allreduce algorithm "
+                         f"{algorithm!r}, allowed: 'mpi', 'hierarchical'")
+    _check(buffer, algorithm, op, topology.rank)
+    if algorithm == "mpi":
+        request = topology.world.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+        return AllreduceRequest(request, lambda: _finish(buffer, topology, op, False))
+    shared, zero_copy, mine, part = _slice_reduce(buffer, topology)
+    comm = topology.cross if topology.num_nodes > 1 else MPI.COMM_SELF
+    request = comm.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM)
+
+    def finish() -> None:
+        _slice_finish(buffer, shared, zero_copy, mine, part)
+        _finish(buffer, topology, op, False)
+    return AllreduceRequest(request, finish)
