@@ -46,6 +46,13 @@ def _scratch(topology: Topology, size: int, dtype: np.dtype) -> np.ndarray:
     return _workspace(topology, ("scratch", size, dtype), lambda: np.empty(size, dtype))
 
 
+def sum_rows(rows: np.ndarray, out: np.ndarray) -> None:
+    """Sum the rows into out with contiguous adds (faster than a strided reduce)."""
+    np.copyto(out, rows[0])
+    for row in rows[1:]:
+        out += row
+
+
 def chunk_bounds(n: int, parts: int) -> list[int]:
     """Boundaries of ``parts`` contiguous chunks of n elements, sizes differing by <= 1."""
     return [i * n // parts for i in range(parts + 1)]
@@ -148,7 +155,7 @@ def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
     shared.sync()
     if topology.is_leader and buf.size:
         total = _scratch(topology, buf.size, buf.dtype)
-        np.sum(shared.whole, axis=0, out=total)
+        sum_rows(shared.whole, total)
         if topology.num_nodes > 1:
             topology.leaders.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
         shared.whole[...] = total
@@ -164,7 +171,7 @@ def _slice_reduce(buf: np.ndarray, topology: Topology) -> tuple[SharedArray, boo
     b = chunk_bounds(buf.size, topology.local_size)
     mine = slice(b[topology.local_rank], b[topology.local_rank + 1])
     part = _scratch(topology, buf.size, buf.dtype)[:mine.stop - mine.start]
-    np.sum(shared.whole[:, mine], axis=0, out=part)
+    sum_rows(shared.whole[:, mine], part)
     return shared, zero_copy, mine, part
 
 
