@@ -33,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp import backend
+from minidp.comm.topology import Topology
 from minidp.io.mdp import HEADER_SIZE, Header, add_checksums, checksum, decode, read_header
 
 READERS = ("memory", "mpiio", "leader", "strided")
@@ -217,53 +218,42 @@ class LeaderReader(Reader):
     def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0,
                  ranks_per_node: int | None = None) -> None:
         super().__init__(path, comm, seed)
-        if ranks_per_node is None:
-            self.node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        else:
-            if not isinstance(ranks_per_node, int) or ranks_per_node < 1 or \
-                    self.size % ranks_per_node:
-                raise ValueError(f"rank {self.rank}: ranks_per_node {ranks_per_node!r} must "
-                                 f"be a positive divisor of the world size {self.size}")
-            self.node = self.comm.Split(self.rank // ranks_per_node, key=self.rank)
-        self.local_rank, self.local_size = self.node.Get_rank(), self.node.Get_size()
-        is_leader = self.local_rank == 0
-        self.leaders = self.comm.Split(0 if is_leader else MPI.UNDEFINED, key=self.rank)
-        self.num_nodes = self.comm.allreduce(int(is_leader))
-        self.node_id = self.node.bcast(self.leaders.Get_rank() if is_leader else None)
-        largest = -(-self.header.count // self.num_nodes) * self.header.record_size
-        self.window = MPI.Win.Allocate_shared(largest if is_leader else 0, 1, comm=self.node)
+        self.topology = Topology(self.comm, ranks_per_node)
+        largest = -(-self.header.count // self.topology.num_nodes) * self.header.record_size
+        self.window = MPI.Win.Allocate_shared(largest if self.topology.is_leader else 0, 1,
+                                              comm=self.topology.node)
         buf, _ = self.window.Shared_query(0)
         self.shared = np.ndarray(buffer=buf, dtype=np.uint8, shape=(largest,))
 
     def block_of(self, epoch: int) -> int:
         """The block this rank's node reads in ``epoch``."""
-        return (self.node_id + epoch) % self.num_nodes
+        return (self.topology.node_id + epoch) % self.topology.num_nodes
 
     def epoch(self, epoch: int) -> EpochStream:
         """This rank's disjoint slice of its node's shuffled block."""
         rs = self.header.record_size
-        start, stop = block_range(self.block_of(epoch), self.num_nodes, self.header.count)
+        start, stop = block_range(self.block_of(epoch), self.topology.num_nodes,
+                                  self.header.count)
         nbytes = (stop - start) * rs
         self.window.Fence()
-        if self.local_rank == 0:
-            fh = MPI.File.Open(self.leaders, self.path, MPI.MODE_RDONLY)
+        if self.topology.is_leader:
+            fh = MPI.File.Open(self.topology.leaders, self.path, MPI.MODE_RDONLY)
             try:
                 fh.Read_at_all(HEADER_SIZE + start * rs, self.shared[:nbytes])
             finally:
                 fh.Close()
         self.window.Fence()
-        order = epoch_rng(self.seed, epoch, self.node_id).permutation(stop - start)
+        order = epoch_rng(self.seed, epoch, self.topology.node_id).permutation(stop - start)
         n = self.samples_per_rank
         x, y = decode(self.shared[:nbytes], self.header)
-        mine = order[self.local_rank * n:(self.local_rank + 1) * n]
+        k = self.topology.local_rank
+        mine = order[k * n:(k + 1) * n]
         return EpochStream(x[mine], y[mine])
 
     def free(self) -> None:
         """Release the shared window and communicators (collective on the node)."""
         self.window.Free()
-        self.node.Free()
-        if self.leaders != MPI.COMM_NULL:
-            self.leaders.Free()
+        self.topology.free()
 
 
 class StridedReader(MemoryReader):

@@ -141,12 +141,13 @@ def test_leader_reader_shares_each_node_block_disjointly(data_file, ranks_per_no
         return
     reader = LeaderReader(data_file, ranks_per_node=ranks_per_node)
     blocks = []
-    for epoch in range(reader.num_nodes):
+    nodes = reader.topology.num_nodes
+    for epoch in range(nodes):
         ids = reader.epoch(epoch).x[:, 0]
-        start, stop = block_range(reader.block_of(epoch), reader.num_nodes, COUNT)
+        start, stop = block_range(reader.block_of(epoch), nodes, COUNT)
         assert len(ids) == COUNT // comm.size and np.all((ids >= start) & (ids < stop))
-        node_ids = np.concatenate(reader.node.allgather(ids))
+        node_ids = np.concatenate(reader.topology.node.allgather(ids))
         assert len(set(node_ids)) == len(node_ids)  # ranks of a node never share a sample
         blocks.append(reader.block_of(epoch))
-    assert sorted(blocks) == list(range(reader.num_nodes))
+    assert sorted(blocks) == list(range(nodes))
     reader.free()
