@@ -1,10 +1,13 @@
 """Allreduce of a flat float buffer, five ways, same signature, selectable by name.
 
 ``allreduce(buffer, topology, algorithm, op)`` reduces ``buffer`` in place on every
-rank (``op`` "sum" or "mean"). Receive buffers and shared windows are workspaces
-cached on the topology, so a training loop allocates nothing per call. A buffer that
-*is* this rank's segment of the node's window (:func:`shared_buffer`) is reduced
-without any copy by the hierarchical algorithms.
+rank (``op`` "sum" or "mean"). Every call is accounted and, across nodes, charged by
+the network model (:mod:`minidp.comm.network`): the flat algorithms as a whole at the
+world's level, the hierarchical ones per phase (node phases intra, rails inter).
+Receive buffers and shared windows are workspaces cached on the topology, so a
+training loop allocates nothing per call. A buffer that *is* this rank's segment of
+the node's window (:func:`shared_buffer`) is reduced without any copy by the
+hierarchical algorithms.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from minidp.comm.network import charged, ring_traffic
 from minidp.comm.shared import SharedArray
 from minidp.comm.topology import Topology
 
@@ -151,17 +155,21 @@ def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
            writes the result into every segment; sync
         3. every rank reads its own segment
     """
-    shared, zero_copy = _node_window(buf, topology)
-    shared.sync()
+    with charged("intra", "node_reduce", 0, buf.nbytes):
+        shared, zero_copy = _node_window(buf, topology)
+        shared.sync()
     if topology.is_leader and buf.size:
         total = _scratch(topology, buf.size, buf.dtype)
         sum_rows(shared.whole, total)
         if topology.num_nodes > 1:
-            topology.leaders.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+            with charged("inter", "leaders_allreduce", *ring_traffic(topology.num_nodes,
+                                                                     buf.nbytes)):
+                topology.leaders.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
         shared.whole[...] = total
-    shared.sync()
-    if not zero_copy:
-        buf[...] = shared.segment
+    with charged("intra", "node_broadcast", 0, buf.nbytes):
+        shared.sync()
+        if not zero_copy:
+            buf[...] = shared.segment
 
 
 def _slice_reduce(buf: np.ndarray, topology: Topology) -> tuple[SharedArray, bool, slice,
@@ -195,16 +203,31 @@ def hierarchical_allreduce(buf: np.ndarray, topology: Topology) -> None:
 
     Zero-copy when the buffer is this rank's segment (:func:`shared_buffer`).
     """
-    shared, zero_copy, mine, part = _slice_reduce(buf, topology)
+    with charged("intra", "node_reduce", 0, buf.nbytes):
+        shared, zero_copy, mine, part = _slice_reduce(buf, topology)
     if topology.num_nodes > 1 and part.size:
-        topology.cross.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
-    _slice_finish(buf, shared, zero_copy, mine, part)
+        with charged("inter", "rail_allreduce", *ring_traffic(topology.num_nodes, part.nbytes)):
+            topology.cross.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
+    with charged("intra", "node_broadcast", 0, buf.nbytes):
+        _slice_finish(buf, shared, zero_copy, mine, part)
 
 
 _ALGORITHMS = {"mpi": mpi_allreduce, "ring": ring_allreduce,
                "recursive_doubling": recursive_doubling_allreduce,
                "hierarchical_leader": hierarchical_leader_allreduce,
                "hierarchical": hierarchical_allreduce}
+
+
+def _doubling_traffic(ranks: int, nbytes: int) -> tuple[int, float]:
+    """One whole buffer per round, log2 of the power of two below ranks (+1 if not one)."""
+    if ranks < 2:
+        return 0, 0.0
+    rounds = (ranks.bit_length() - 1) + (0 if ranks & (ranks - 1) == 0 else 1)
+    return rounds, float(rounds * nbytes)
+
+
+# What one rank sends, per flat algorithm: (messages, bytes) for N ranks and n bytes.
+_FLAT = {"mpi": ring_traffic, "ring": ring_traffic, "recursive_doubling": _doubling_traffic}
 
 
 def _check(buffer: Any, algorithm: str, op: str, rank: int) -> None:
@@ -233,7 +256,12 @@ def allreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarch
               op: str = "sum", check_finite: bool = False) -> np.ndarray:
     """Reduce ``buffer`` in place over all ranks of ``topology.world``; returns it."""
     _check(buffer, algorithm, op, topology.rank)
-    _ALGORITHMS[algorithm](buffer, topology)
+    if algorithm in _FLAT:
+        level = "inter" if topology.num_nodes > 1 else "intra"
+        with charged(level, algorithm, *_FLAT[algorithm](topology.size, buffer.nbytes)):
+            _ALGORITHMS[algorithm](buffer, topology)
+    else:
+        _ALGORITHMS[algorithm](buffer, topology)
     _finish(buffer, topology, op, check_finite)
     return buffer
 

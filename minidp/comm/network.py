@@ -1,0 +1,82 @@
+"""Accounting of every data-moving MPI call, and the alpha-beta model of the network.
+
+:func:`charged` wraps one communication operation: it times it under the phase
+``comm_intra`` or ``comm_inter``, counts its bytes and messages per level on the
+tracer, and, for inter-node operations when a model is set, sleeps the remainder when
+the real operation was faster than ``messages * latency + bytes / bandwidth``. That lets
+one machine show what a cluster network does to each algorithm; intra-node operations
+are never charged.
+
+Each algorithm states what it sends across nodes (per rank, for a buffer of n bytes):
+a flat ring over N ranks on P > 1 nodes pays 2(N-1) latencies and 2(N-1)/N * n bytes,
+the hierarchical rails a ring over P nodes on their slice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+
+from minidp.trace import tracer
+
+LEVELS = ("intra", "inter")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkModel:
+    """alpha-beta cost: latency per message plus bytes over bandwidth."""
+
+    latency_us: float = 0.0
+    bandwidth_gbps: float = 0.0  # 0: infinite
+
+    def __post_init__(self) -> None:
+        if self.latency_us < 0:
+            raise ValueError(f"--net-latency-us: got {self.latency_us}, allowed: >= 0")
+        if self.bandwidth_gbps < 0:
+            raise ValueError(f"--net-bandwidth-gbps: got {self.bandwidth_gbps}, allowed: >= 0"
+                             " (0 means unlimited)")
+
+    def seconds(self, messages: int, nbytes: float) -> float:
+        """Modelled time of ``messages`` messages carrying ``nbytes`` in all."""
+        transfer = nbytes * 8 / (self.bandwidth_gbps * 1e9) if self.bandwidth_gbps else 0.0
+        return messages * self.latency_us * 1e-6 + transfer
+
+
+_model = {"current": NetworkModel()}
+
+
+def set_network_model(model: NetworkModel) -> NetworkModel:
+    """Charge inter-node operations from now on by ``model``; returns it."""
+    _model["current"] = model
+    return model
+
+
+def network_model() -> NetworkModel:
+    """The model in force."""
+    return _model["current"]
+
+
+def ring_traffic(ranks: int, nbytes: int) -> tuple[int, float]:
+    """(messages, bytes) one rank sends in a ring allreduce of nbytes over ``ranks``."""
+    if ranks < 2:
+        return 0, 0.0
+    return 2 * (ranks - 1), 2 * (ranks - 1) / ranks * nbytes
+
+
+@contextlib.contextmanager
+def charged(level: str, operation: str, messages: int, nbytes: float) -> Iterator[None]:
+    """Time, count and (inter-node) charge one communication operation."""
+    if level not in LEVELS:
+        raise ValueError(f"level: got {level!r}, allowed: {LEVELS}")
+    t = tracer()
+    start = time.perf_counter()
+    with t.phase(f"comm_{level}", op=operation, bytes=nbytes, messages=messages):
+        yield
+        if level == "inter":
+            remainder = network_model().seconds(messages, nbytes) - (time.perf_counter() - start)
+            if remainder > 0:
+                time.sleep(remainder)
+    t.count(f"bytes_{level}", int(nbytes))
+    t.count(f"messages_{level}", messages)
