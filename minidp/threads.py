@@ -71,8 +71,9 @@ def limit_threads(n: int | None = None) -> int:
     import numba
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(limits=n)
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    # after numba: setting its threads may load an OpenMP runtime that must be limited too
+    threadpool_limits(limits=n)
     return n
 
 

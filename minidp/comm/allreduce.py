@@ -34,16 +34,20 @@ def _workspace(topology: Topology, key: tuple, make: Any) -> Any:
     return cache[key]
 
 
+def _window(topology: Topology, size: int, dtype: Any) -> SharedArray:
+    """The node window of ``size`` elements the hierarchical algorithms reduce in."""
+    dtype = np.dtype(dtype)
+    return _workspace(topology, ("shared", size, dtype),
+                      lambda: SharedArray(topology.node, size, dtype))
+
+
 def shared_buffer(topology: Topology, size: int, dtype: Any) -> np.ndarray:
     """This rank's segment of the node window the hierarchical algorithms use.
 
     Placing a model's flat gradient buffer here (``FlatParameters.rebind_grad``) makes
     the intra-node level zero-copy.
     """
-    dtype = np.dtype(dtype)
-    shared = _workspace(topology, ("shared", size, dtype),
-                        lambda: SharedArray(topology.node, size, dtype))
-    return shared.segment
+    return _window(topology, size, dtype).segment
 
 
 def _scratch(topology: Topology, size: int, dtype: np.dtype) -> np.ndarray:
@@ -137,8 +141,7 @@ def recursive_doubling_allreduce(buf: np.ndarray, topology: Topology) -> None:
 
 def _node_window(buf: np.ndarray, topology: Topology) -> tuple[SharedArray, bool]:
     """The node's window for this buffer size; copies buf in unless it is the segment."""
-    shared = _workspace(topology, ("shared", buf.size, buf.dtype),
-                        lambda: SharedArray(topology.node, buf.size, buf.dtype))
+    shared = _window(topology, buf.size, buf.dtype)
     zero_copy = buf.size > 0 and buf.ctypes.data == shared.segment.ctypes.data
     if not zero_copy:
         shared.segment[...] = buf

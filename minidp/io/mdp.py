@@ -33,7 +33,7 @@ import sys
 
 import numpy as np
 
-from minidp.kernels.checksum import byte_checksum
+from minidp.kernels.checksum import byte_checksum as checksum
 
 MAGIC = b"MINIDP\x00\x01"
 VERSION = 1
@@ -65,11 +65,6 @@ class Header:
         return _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, self.count, self.record_size,
                             len(self.sample_shape), *dims, self.sample_dtype.str.encode(),
                             self.label_dtype.str.encode(), self.num_classes, *self.checksum)
-
-
-def checksum(payload: np.ndarray, start: int = 0) -> tuple[int, int]:
-    """(S1, S2) of payload bytes that begin at payload position ``start`` (mod 2**64)."""
-    return byte_checksum(payload, start)
 
 
 def add_checksums(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -171,7 +166,7 @@ def write_mdp(path: str, x: np.ndarray, y: np.ndarray, num_classes: int,
 
 
 def decode(records: np.ndarray, header: Header) -> tuple[np.ndarray, np.ndarray]:
-    """Split raw record bytes into (samples, labels) arrays (copies, contiguous)."""
+    """Split records (raw bytes or the record dtype) into (samples, labels) copies."""
     view = records.reshape(-1).view(header.record_dtype)
     return np.ascontiguousarray(view["x"]), view["y"].astype(np.int64)
 

@@ -101,18 +101,28 @@ class Reader(abc.ABC):
         return self.samples_per_rank // batch_size
 
     @abc.abstractmethod
-    def epoch(self, epoch: int) -> EpochStream:
-        """This rank's samples of ``epoch``, in order."""
+    def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
+        """This rank's samples of ``epoch``, in order (``batch_size``: per rank)."""
 
     def iterate(self, epoch: int, batch_size: int):
         """Yield batches_per_epoch(batch_size) batches (x, y) of this rank."""
         steps = self.batches_per_epoch(batch_size)
-        stream = self.epoch(epoch)
+        stream = self.epoch(epoch, batch_size)
         for _ in range(steps):
             yield stream.take(batch_size)
 
+    def memory_order(self, epoch: int, batch_size: int) -> np.ndarray:
+        """This rank's sample indices in the ``memory`` order: slice r of every global batch.
+
+        One global permutation per (seed, epoch); ``steps * size * batch_size`` samples.
+        """
+        steps = self.batches_per_epoch(batch_size)
+        order = epoch_rng(self.seed, epoch).permutation(self.header.count)
+        batches = order[:steps * self.size * batch_size].reshape(-1, self.size, batch_size)
+        return batches[:, self.rank].reshape(-1)
+
     def verify(self) -> None:
-        """Collectively check the payload checksum (every rank its block, one Allreduce)."""
+        """Collectively check the payload checksum: each rank sums its block, sums combine."""
         start, stop = block_range(self.rank, self.size, self.header.count)
         rs = self.header.record_size
         with open(self.path, "rb") as f:
@@ -135,23 +145,10 @@ class MemoryReader(Reader):
         raw = np.fromfile(path, dtype=np.uint8, offset=HEADER_SIZE)
         self.x, self.y = decode(raw, self.header)
 
-    def global_order(self, epoch: int, batch_size: int) -> np.ndarray:
-        """Sample indices of all global batches of the epoch (steps * size * batch)."""
-        steps = self.batches_per_epoch(batch_size)
-        order = epoch_rng(self.seed, epoch).permutation(self.header.count)
-        return order[:steps * self.size * batch_size]
-
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
         """This rank's slices of the global batches of ``batch_size`` per rank."""
-        order = self.global_order(epoch, batch_size).reshape(-1, self.size, batch_size)
-        mine = order[:, self.rank].reshape(-1)
+        mine = self.memory_order(epoch, batch_size)
         return EpochStream(self.x[mine], self.y[mine])
-
-    def iterate(self, epoch: int, batch_size: int):
-        """Yield this rank's slice of every global batch."""
-        stream = self.epoch(epoch, batch_size)
-        for _ in range(self.batches_per_epoch(batch_size)):
-            yield stream.take(batch_size)
 
 
 class MPIIOReader(Reader):
@@ -193,18 +190,16 @@ class MPIIOReader(Reader):
             fh.Close()
         return pieces
 
-    def epoch(self, epoch: int) -> EpochStream:
+    def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
         """The shuffled samples of this epoch's block, samples_per_rank of them."""
         rng = epoch_rng(self.seed, epoch, self.rank)
-        xs, ys = [], []
         pieces = self.read_block(epoch)
+        shuffled = []
         for i in rng.permutation(len(pieces)):
-            x, y = decode(pieces[i], self.header)
-            order = rng.permutation(len(y))
-            xs.append(x[order])
-            ys.append(y[order])
-        n = self.samples_per_rank
-        return EpochStream(np.concatenate(xs)[:n], np.concatenate(ys)[:n])
+            records = pieces[i].view(self.header.record_dtype)
+            shuffled.append(records[rng.permutation(len(records))])
+        return EpochStream(*decode(np.concatenate(shuffled)[:self.samples_per_rank],
+                                   self.header))
 
 
 class LeaderReader(Reader):
@@ -229,7 +224,7 @@ class LeaderReader(Reader):
         """The block this rank's node reads in ``epoch``."""
         return (self.topology.node_id + epoch) % self.topology.num_nodes
 
-    def epoch(self, epoch: int) -> EpochStream:
+    def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
         """This rank's disjoint slice of its node's shuffled block."""
         rs = self.header.record_size
         start, stop = block_range(self.block_of(epoch), self.topology.num_nodes,
@@ -244,11 +239,9 @@ class LeaderReader(Reader):
                 fh.Close()
         self.window.Fence()
         order = epoch_rng(self.seed, epoch, self.topology.node_id).permutation(stop - start)
-        n = self.samples_per_rank
-        x, y = decode(self.shared[:nbytes], self.header)
-        k = self.topology.local_rank
-        mine = order[k * n:(k + 1) * n]
-        return EpochStream(x[mine], y[mine])
+        n, k = self.samples_per_rank, self.topology.local_rank
+        records = self.shared[:nbytes].view(self.header.record_dtype)
+        return EpochStream(*decode(records[order[k * n:(k + 1) * n]], self.header))
 
     def free(self) -> None:
         """Release the shared window and communicators (collective on the node)."""
@@ -256,16 +249,12 @@ class LeaderReader(Reader):
         self.topology.free()
 
 
-class StridedReader(MemoryReader):
+class StridedReader(Reader):
     """Baseline: the memory reader's samples, read one record per File.Read_at call."""
-
-    def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0) -> None:
-        Reader.__init__(self, path, comm, seed)
 
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
         """Read this rank's samples at their scattered offsets, one call each."""
-        order = self.global_order(epoch, batch_size).reshape(-1, self.size, batch_size)
-        return EpochStream(*decode(self.read_records(order[:, self.rank].reshape(-1)),
+        return EpochStream(*decode(self.read_records(self.memory_order(epoch, batch_size)),
                                    self.header))
 
     def read_records(self, indices: np.ndarray) -> np.ndarray:
