@@ -46,7 +46,8 @@ def _shm_files() -> set[str]:
 
 
 def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
-             env: dict | None = None, mpiexec_timeout: float | None = None) -> Launch:
+             env: dict | None = None, mpiexec_timeout: float | None = None,
+             under_mpi4py: bool = True) -> Launch:
     """Run ``python -m mpi4py ARGS`` on ``nprocs`` ranks and collect its output.
 
     Args:
@@ -55,12 +56,14 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
         timeout: seconds after which the process group is killed.
         env: extra environment variables.
         mpiexec_timeout: MPIEXEC_TIMEOUT in seconds (default: timeout - 10).
+        under_mpi4py: False runs ``python ARGS`` (to test minidp's own abort hook).
     """
     watchdog = int(mpiexec_timeout if mpiexec_timeout is not None else max(timeout - 10, 5))
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", MPIEXEC_TIMEOUT=str(watchdog),
                     PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     full_env.update(env or {})
-    cmd = [mpiexec_path(), "-n", str(nprocs), sys.executable, "-m", "mpi4py", *args]
+    runner = ["-m", "mpi4py"] if under_mpi4py else []
+    cmd = [mpiexec_path(), "-n", str(nprocs), sys.executable, *runner, *args]
     shm_before = _shm_files()
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,

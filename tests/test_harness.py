@@ -28,3 +28,20 @@ def test_deadlock_past_the_watchdog_is_killed_with_its_process_group():
     assert launch.killed and launch.returncode is None
     assert launch.seconds < 30
     assert set(glob.glob("/dev/shm/mpich_shm_*")) <= shm_before
+
+
+def test_missing_rank_ends_with_a_timeout_naming_it():
+    launch = run_spmd(["tests/scripts/missing_rank.py"], 2, timeout=60, mpiexec_timeout=50)
+    assert not launch.killed and launch.returncode != 0
+    assert "CommTimeout: rank 0: 'rail allreduce on rail 0' waited 3 s" in launch.output
+    assert "rank 1: never arrived" in launch.output
+    assert launch.seconds < 35  # rank 1 sleeps 40 s: the timeout, not its return, ended it
+
+
+def test_abort_hook_ends_a_script_not_run_under_mpi4py():
+    launch = run_spmd(["tests/scripts/abort_hook.py"], 3, timeout=60, mpiexec_timeout=50,
+                      under_mpi4py=False)
+    assert not launch.killed and launch.returncode != 0
+    assert "RuntimeError: rank 1 fails on purpose" in launch.output
+    assert "aborting the job" in launch.output
+    assert launch.seconds < 35

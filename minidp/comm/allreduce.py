@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from minidp.comm import guard
 from minidp.comm.network import charged, ring_traffic
 from minidp.comm.shared import SharedArray
 from minidp.comm.topology import Topology
@@ -67,8 +68,13 @@ def chunk_bounds(n: int, parts: int) -> list[int]:
 
 
 def mpi_allreduce(buf: np.ndarray, topology: Topology) -> None:
-    """The library's own ``Allreduce`` on the world communicator (the reference)."""
-    topology.world.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    """The library's own allreduce on the world communicator (the reference).
+
+    Started as ``Iallreduce`` and completed by :func:`guard.wait`, so a rank that never
+    arrives is named instead of hanging the job.
+    """
+    guard.wait(topology.world.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM), topology.world,
+               "allreduce")
 
 
 def ring_allreduce(buf: np.ndarray, topology: Topology) -> None:
@@ -167,7 +173,8 @@ def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
         if topology.num_nodes > 1:
             with charged("inter", "leaders_allreduce", *ring_traffic(topology.num_nodes,
                                                                      buf.nbytes)):
-                topology.leaders.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+                guard.wait(topology.leaders.Iallreduce(MPI.IN_PLACE, total, op=MPI.SUM),
+                           topology.leaders, "leaders allreduce")
         shared.whole[...] = total
     with charged("intra", "node_broadcast", 0, buf.nbytes):
         shared.sync()
@@ -175,20 +182,42 @@ def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
             buf[...] = shared.segment
 
 
-def _slice_reduce(buf: np.ndarray, topology: Topology) -> tuple[SharedArray, bool, slice,
-                                                                 np.ndarray]:
+# Elements per block of the slice reduction: a block of every row stays in L2 while
+# it is summed and copied back, so the window is streamed through memory once.
+_BLOCK = 1 << 15
+
+
+def _slice_reduce(buf: np.ndarray, topology: Topology, broadcast: bool
+                  ) -> tuple[SharedArray, bool, slice, np.ndarray]:
+    """Sum this local rank's slice over the node's segments, into row 0 of the window.
+
+    With ``broadcast`` (nothing left to do across nodes) each block of the sum is also
+    copied into the other rows while it is in cache. Returns the window, whether buf
+    is its segment, this rank's slice and the summed part (a view of row 0).
+    """
     shared, zero_copy = _node_window(buf, topology)
     shared.sync()
     b = chunk_bounds(buf.size, topology.local_size)
     mine = slice(b[topology.local_rank], b[topology.local_rank + 1])
-    part = _scratch(topology, buf.size, buf.dtype)[:mine.stop - mine.start]
-    sum_rows(shared.whole[:, mine], part)
-    return shared, zero_copy, mine, part
+    whole = shared.whole
+    for start in range(mine.start, mine.stop, _BLOCK):
+        block = slice(start, min(start + _BLOCK, mine.stop))
+        acc = whole[0, block]
+        for row in whole[1:, block]:
+            acc += row
+        if broadcast:
+            for row in whole[1:, block]:
+                row[...] = acc
+    return shared, zero_copy, mine, whole[0, mine]
 
 
 def _slice_finish(buf: np.ndarray, shared: SharedArray, zero_copy: bool, mine: slice,
-                  part: np.ndarray) -> None:
-    shared.whole[:, mine] = part
+                  broadcast: bool) -> None:
+    """Copy the finished slice into every row (unless done already); sync; read back."""
+    if broadcast:
+        whole = shared.whole
+        for row in whole[1:, mine]:
+            row[...] = whole[0, mine]
     shared.sync()
     if not zero_copy:
         buf[...] = shared.segment
@@ -200,19 +229,23 @@ def hierarchical_allreduce(buf: np.ndarray, topology: Topology) -> None:
     Pattern::
 
         1. every rank writes its buffer into its segment of the node window; sync
-        2. local rank k sums slice k (1/G of the buffer) over the G segments
+        2. local rank k sums slice k (1/G of the buffer) over the G segments into
+           segment 0, block by block
         3. rail k (``cross``) allreduces slice k across the nodes: G rails at once
-        4. local rank k writes slice k into every segment; sync; each rank has the sum
+        4. local rank k copies slice k into every other segment (on one node, done
+           in step 2 while each block is in cache); sync; each rank has the sum
 
     Zero-copy when the buffer is this rank's segment (:func:`shared_buffer`).
     """
+    across = topology.num_nodes > 1
     with charged("intra", "node_reduce", 0, buf.nbytes):
-        shared, zero_copy, mine, part = _slice_reduce(buf, topology)
-    if topology.num_nodes > 1 and part.size:
+        shared, zero_copy, mine, part = _slice_reduce(buf, topology, broadcast=not across)
+    if across and part.size:
         with charged("inter", "rail_allreduce", *ring_traffic(topology.num_nodes, part.nbytes)):
-            topology.cross.Allreduce(MPI.IN_PLACE, part, op=MPI.SUM)
+            guard.wait(topology.cross.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM),
+                       topology.cross, "rail allreduce")
     with charged("intra", "node_broadcast", 0, buf.nbytes):
-        _slice_finish(buf, shared, zero_copy, mine, part)
+        _slice_finish(buf, shared, zero_copy, mine, broadcast=across)
 
 
 _ALGORITHMS = {"mpi": mpi_allreduce, "ring": ring_allreduce,
@@ -259,6 +292,7 @@ def allreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarch
               op: str = "sum", check_finite: bool = False) -> np.ndarray:
     """Reduce ``buffer`` in place over all ranks of ``topology.world``; returns it."""
     _check(buffer, algorithm, op, topology.rank)
+    guard.check_same(topology.world, f"allreduce {algorithm} {op}", buffer)
     if algorithm in _FLAT:
         level = "inter" if topology.num_nodes > 1 else "intra"
         with charged(level, algorithm, *_FLAT[algorithm](topology.size, buffer.nbytes)):
@@ -276,8 +310,8 @@ class AllreduceRequest:
     node must call it.
     """
 
-    def __init__(self, request: MPI.Request, finish: Any) -> None:
-        self.request, self._finish, self.done = request, finish, False
+    def __init__(self, request: MPI.Request, comm: MPI.Comm, finish: Any) -> None:
+        self.request, self.comm, self._finish, self.done = request, comm, finish, False
 
     def test(self) -> bool:
         """Progress the communication; True once it has completed (then call wait())."""
@@ -286,7 +320,7 @@ class AllreduceRequest:
     def wait(self) -> None:
         """Block until complete and finish the reduction (idempotent)."""
         if not self.done:
-            self.request.Wait()
+            guard.wait(self.request, self.comm, "iallreduce")
             self._finish()
             self.done = True
 
@@ -302,14 +336,17 @@ def iallreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarc
         raise ValueError(f"rank {topology.rank}: non-blocking allreduce algorithm "
                          f"{algorithm!r}, allowed: 'mpi', 'hierarchical'")
     _check(buffer, algorithm, op, topology.rank)
+    guard.check_same(topology.world, f"iallreduce {algorithm} {op}", buffer)
     if algorithm == "mpi":
         request = topology.world.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-        return AllreduceRequest(request, lambda: _finish(buffer, topology, op, False))
-    shared, zero_copy, mine, part = _slice_reduce(buffer, topology)
-    comm = topology.cross if topology.num_nodes > 1 else MPI.COMM_SELF
+        return AllreduceRequest(request, topology.world,
+                                lambda: _finish(buffer, topology, op, False))
+    across = topology.num_nodes > 1
+    shared, zero_copy, mine, part = _slice_reduce(buffer, topology, broadcast=not across)
+    comm = topology.cross if across else MPI.COMM_SELF
     request = comm.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM)
 
     def finish() -> None:
-        _slice_finish(buffer, shared, zero_copy, mine, part)
+        _slice_finish(buffer, shared, zero_copy, mine, broadcast=across)
         _finish(buffer, topology, op, False)
-    return AllreduceRequest(request, finish)
+    return AllreduceRequest(request, comm, finish)

@@ -6,7 +6,8 @@ every segment of the node and ``segment`` is this rank's row.
 
 Synchronisation (MPI-3 shared memory, unified model): the window is kept in one
 passive-target epoch (``Lock_all`` at creation). :meth:`sync` is the standard
-``Win.Sync`` / ``node.Barrier`` / ``Win.Sync`` sequence: every store made before it by
+``Win.Sync`` / node barrier / ``Win.Sync`` sequence (the barrier times out naming
+the ranks that never arrived, :mod:`minidp.comm.guard`): every store made before it by
 any rank of the node is visible to every rank after it. Writers and readers of a
 region must always be separated by a sync.
 """
@@ -17,6 +18,8 @@ from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+
+from minidp.comm import guard
 
 
 class SharedArray:
@@ -67,7 +70,7 @@ class SharedArray:
         """Make every rank's earlier stores visible to every rank of the node."""
         self._check()
         self.window.Sync()
-        self.node.Barrier()
+        guard.barrier(self.node, "shared-memory sync")
         self.window.Sync()
 
     def free(self) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from minidp.comm import guard
+
 
 class Topology:
     """Communicators and numbers of a P-nodes x G-ranks layout.
@@ -47,6 +49,10 @@ class Topology:
         self.leaders = self.cross if self.local_rank == 0 else None
         self.num_nodes = self.cross.Get_size()
         self.node_id = self.node.bcast(self.cross.Get_rank() if self.local_rank == 0 else None)
+        # Names appear in timeout and debug messages.
+        self.node.Set_name(f"node {self.node_id}")
+        self.cross.Set_name(f"rail {self.local_rank}")
+        guard.ensure_board(self.world)
 
     @property
     def is_leader(self) -> bool:

@@ -1,0 +1,177 @@
+"""Nothing hangs silently: timed waits that name missing ranks, debug checks, abort hook.
+
+* :func:`wait` completes a request by polling it; past the timeout
+  (``MINIDP_COMM_TIMEOUT`` seconds, default 300, or :func:`set_timeout`) it raises
+  :class:`CommTimeout` naming the ranks of the communicator that never arrived and the
+  operation each of them was last in. Every blocking collective of minidp (node
+  barriers, rails, the world allreduce, DASO's receive) waits through here.
+* The names come from a status board: a small shared-memory window over the ranks of
+  each real node (built with the first world :class:`~minidp.comm.Topology`), where a
+  rank writes what it is waiting in. Reading it needs nothing from the missing rank, which
+  is busy elsewhere; ranks on other real nodes are reported as not visible.
+* :func:`check_same` (on when ``MINIDP_DEBUG=1``) gathers, before a collective, each
+  rank's operation, shape and dtype, and raises on every rank naming the ranks that
+  differ from rank 0, instead of letting mismatched calls corrupt data or deadlock.
+* :func:`install_abort_hook`: for scripts not started under ``python -m mpi4py``, an
+  uncaught exception on one rank prints its traceback and aborts the whole job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+_RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("label", "S104")])
+_settings = {"timeout": float(os.environ.get("MINIDP_COMM_TIMEOUT", "300")),
+             "debug": os.environ.get("MINIDP_DEBUG", "0") not in ("", "0")}
+
+
+class CommTimeout(TimeoutError):
+    """A wait ran past the timeout; the message names the ranks that never arrived."""
+
+
+class CollectiveMismatch(ValueError):
+    """Ranks called one collective with different operations, shapes or dtypes."""
+
+
+def set_timeout(seconds: float) -> float:
+    """Set the wait timeout in seconds (> 0); returns it."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"comm timeout: got {seconds!r}, allowed: seconds > 0")
+    _settings["timeout"] = float(seconds)
+    return _settings["timeout"]
+
+
+def set_debug(on: bool) -> None:
+    """Turn the collective consistency checks on or off (``MINIDP_DEBUG``)."""
+    _settings["debug"] = bool(on)
+
+
+def debug() -> bool:
+    """Whether the collective consistency checks are on."""
+    return _settings["debug"]
+
+
+class _Board:
+    """One record per rank of the real node: what that rank is waiting in, if anything."""
+
+    def __init__(self, world: MPI.Comm) -> None:
+        self.world = world
+        self.node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+        self.window = MPI.Win.Allocate_shared(_RECORD.itemsize, _RECORD.itemsize, comm=self.node)
+        base, _ = self.window.Shared_query(0)
+        n = self.node.Get_size()
+        memory = MPI.buffer.fromaddress(base.address, n * _RECORD.itemsize)
+        self.records = np.ndarray(buffer=memory, dtype=_RECORD, shape=(n,))
+        self.mine = self.records[self.node.Get_rank()]
+        self.mine["waiting"], self.mine["label"], self.mine["since"] = 0, b"start", time.time()
+        # world rank -> slot on this node (absent: another real node)
+        self.slots = {w: s for s, w in enumerate(self.node.allgather(world.Get_rank()))}
+        self.counts: dict[str, int] = {}
+        self.node.Barrier()
+
+    def enter(self, label: str) -> tuple[str, int]:
+        count = self.counts.get(label, 0) + 1
+        self.counts[label] = count
+        self.mine["count"], self.mine["label"] = count, label.encode()[:104]
+        self.mine["since"], self.mine["waiting"] = time.time(), 1
+        return label, count
+
+    def leave(self) -> None:
+        self.mine["waiting"], self.mine["since"] = 0, time.time()
+
+    def missing(self, comm: MPI.Comm, label: str, count: int) -> list[str]:
+        """Descriptions of the ranks of comm not waiting in this same call."""
+        members = MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
+                                            self.world.Get_group())
+        now, lines = time.time(), []
+        for world_rank in members:
+            slot = self.slots.get(world_rank)
+            if slot is None:
+                lines.append(f"rank {world_rank}: on another node, state not visible here")
+                continue
+            rec = self.records[slot]
+            there = rec["label"].decode()
+            if rec["waiting"] and there == label and rec["count"] == count:
+                continue
+            state = "waiting in" if rec["waiting"] else "last in"
+            lines.append(f"rank {world_rank}: never arrived ({state} {there!r} #{rec['count']}, "
+                         f"{now - rec['since']:.1f} s ago)")
+        return lines
+
+
+_board: dict[str, _Board] = {}
+
+
+def ensure_board(world: MPI.Comm) -> None:
+    """Build the status board once, collectively, when ``world`` is MPI's whole world."""
+    if "board" not in _board and MPI.Comm.Compare(world, MPI.COMM_WORLD) in (
+            MPI.IDENT, MPI.CONGRUENT):
+        _board["board"] = _Board(world)
+
+
+def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
+    """Complete ``request`` (a collective on ``comm``), or raise CommTimeout past the timeout."""
+    if request.Test():
+        return
+    board = _board.get("board")
+    label = f"{operation} on {comm.Get_name()}"
+    token = board.enter(label) if board else (label, 0)
+    deadline = time.monotonic() + _settings["timeout"]
+    polls = 0
+    while not request.Test():
+        polls += 1
+        if polls > 64:
+            # Ranks may outnumber cores: let the rank we wait for run.
+            os.sched_yield()
+        if time.monotonic() > deadline:
+            details = board.missing(comm, *token) if board else ["(no status board)"]
+            raise CommTimeout(f"rank {MPI.COMM_WORLD.Get_rank()}: {label!r} waited "
+                              f"{_settings['timeout']:g} s (MINIDP_COMM_TIMEOUT); "
+                              + "; ".join(details))
+    if board:
+        board.leave()
+
+
+def barrier(comm: MPI.Comm, operation: str = "barrier") -> None:
+    """A barrier that times out naming the ranks that never arrived."""
+    wait(comm.Ibarrier(), comm, operation)
+
+
+def check_same(comm: MPI.Comm, operation: str, buffer: Any = None) -> None:
+    """In debug mode, raise on every rank unless all ranks call the same collective."""
+    if not _settings["debug"]:
+        return
+    mine = (operation, None if buffer is None else tuple(buffer.shape),
+            None if buffer is None else str(buffer.dtype))
+    calls = comm.allgather(mine)
+    differ = [r for r, call in enumerate(calls) if call != calls[0]]
+    if differ:
+        def show(r: int) -> str:
+            op, shape, dtype = calls[r]
+            return f"rank {r} calls {op}" + (f" with shape {shape} {dtype}" if shape else "")
+        raise CollectiveMismatch(f"rank {comm.Get_rank()}: mismatched collective on "
+                                 f"{comm.Get_name()}: {show(0)}, but "
+                                 + ", ".join(show(r) for r in differ))
+
+
+def install_abort_hook() -> None:
+    """Make an uncaught exception on any rank print its traceback and abort every rank."""
+    if MPI.COMM_WORLD.Get_size() == 1 or getattr(sys.excepthook, "minidp_abort", False):
+        return
+    previous = sys.excepthook
+
+    def abort(kind: type, value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)
+        sys.stderr.write(f"minidp: uncaught {kind.__name__} on rank "
+                         f"{MPI.COMM_WORLD.Get_rank()}; aborting the job\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    abort.minidp_abort = True
+    sys.excepthook = abort
