@@ -7,8 +7,11 @@ from minidp.comm.allreduce import (
            iallreduce,
            shared_buffer,
 )
+from minidp.comm.levels import node_allreduce, node_broadcast, rail_allreduce, rail_iallreduce
+from minidp.comm.network import NetworkModel, set_network_model
 from minidp.comm.shared import SharedArray
 from minidp.comm.topology import Topology
 
-__all__ = ["ALLREDUCE_ALGORITHMS", "AllreduceRequest", "SharedArray", "Topology", "allreduce",
-           "iallreduce", "shared_buffer"]
+__all__ = ["ALLREDUCE_ALGORITHMS", "AllreduceRequest", "NetworkModel", "SharedArray", "Topology",
+           "allreduce", "iallreduce", "node_allreduce", "node_broadcast", "rail_allreduce",
+           "rail_iallreduce", "set_network_model", "shared_buffer"]

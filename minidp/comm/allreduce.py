@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp.comm import guard
-from minidp.comm.network import charged, ring_traffic
+from minidp.comm.network import Pending, charged, ring_traffic
 from minidp.comm.shared import SharedArray
 from minidp.comm.topology import Topology
 
@@ -35,20 +35,21 @@ def _workspace(topology: Topology, key: tuple, make: Any) -> Any:
     return cache[key]
 
 
-def _window(topology: Topology, size: int, dtype: Any) -> SharedArray:
-    """The node window of ``size`` elements the hierarchical algorithms reduce in."""
+def _window(topology: Topology, size: int, dtype: Any, name: str = "scratch") -> SharedArray:
+    """The node window ``name`` of ``size`` elements (per rank) of ``dtype``."""
     dtype = np.dtype(dtype)
-    return _workspace(topology, ("shared", size, dtype),
+    return _workspace(topology, ("shared", size, dtype, name),
                       lambda: SharedArray(topology.node, size, dtype))
 
 
-def shared_buffer(topology: Topology, size: int, dtype: Any) -> np.ndarray:
-    """This rank's segment of the node window the hierarchical algorithms use.
+def shared_buffer(topology: Topology, size: int, dtype: Any, name: str = "buffer") -> np.ndarray:
+    """This rank's segment of a node window the hierarchical algorithms reduce in place.
 
     Placing a model's flat gradient buffer here (``FlatParameters.rebind_grad``) makes
-    the intra-node level zero-copy.
+    the intra-node level zero-copy. Windows are cached by (size, dtype, name): use one
+    name per buffer that must not share storage with another.
     """
-    return _window(topology, size, dtype).segment
+    return _window(topology, size, dtype, name).segment
 
 
 def _scratch(topology: Topology, size: int, dtype: np.dtype) -> np.ndarray:
@@ -146,12 +147,15 @@ def recursive_doubling_allreduce(buf: np.ndarray, topology: Topology) -> None:
 
 
 def _node_window(buf: np.ndarray, topology: Topology) -> tuple[SharedArray, bool]:
-    """The node's window for this buffer size; copies buf in unless it is the segment."""
+    """The window buf is the segment of (zero copy), else the scratch window, copied into."""
+    cache = topology.__dict__.get("_workspaces", {})
+    for key, shared in cache.items():
+        if key[:3] == ("shared", buf.size, buf.dtype) and buf.size > 0 and \
+                buf.ctypes.data == shared.segment.ctypes.data:
+            return shared, True
     shared = _window(topology, buf.size, buf.dtype)
-    zero_copy = buf.size > 0 and buf.ctypes.data == shared.segment.ctypes.data
-    if not zero_copy:
-        shared.segment[...] = buf
-    return shared, zero_copy
+    shared.segment[...] = buf
+    return shared, False
 
 
 def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
@@ -306,12 +310,16 @@ def allreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarch
 class AllreduceRequest:
     """A started non-blocking allreduce: ``test()`` polls, ``wait()`` completes it.
 
-    ``wait()`` of the hierarchical form ends with a node-wide sync, so every rank of the
-    node must call it.
+    ``wait()`` is timed under the phase ``wait`` and sleeps what is left of the network
+    model's time for the operation (counted from its start, so overlapped computation
+    hides it). ``wait()`` of the hierarchical form ends with a node-wide sync, so every
+    rank of the node must call it.
     """
 
-    def __init__(self, request: MPI.Request, comm: MPI.Comm, finish: Any) -> None:
-        self.request, self.comm, self._finish, self.done = request, comm, finish, False
+    def __init__(self, request: MPI.Request, comm: MPI.Comm, pending: Pending,
+                 finish: Any) -> None:
+        self.request, self.comm, self.pending = request, comm, pending
+        self._finish, self.done = finish, False
 
     def test(self) -> bool:
         """Progress the communication; True once it has completed (then call wait())."""
@@ -320,7 +328,8 @@ class AllreduceRequest:
     def wait(self) -> None:
         """Block until complete and finish the reduction (idempotent)."""
         if not self.done:
-            guard.wait(self.request, self.comm, "iallreduce")
+            with self.pending.waiting():
+                guard.wait(self.request, self.comm, self.pending.operation)
             self._finish()
             self.done = True
 
@@ -337,16 +346,22 @@ def iallreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarc
                          f"{algorithm!r}, allowed: 'mpi', 'hierarchical'")
     _check(buffer, algorithm, op, topology.rank)
     guard.check_same(topology.world, f"iallreduce {algorithm} {op}", buffer)
-    if algorithm == "mpi":
-        request = topology.world.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-        return AllreduceRequest(request, topology.world,
-                                lambda: _finish(buffer, topology, op, False))
     across = topology.num_nodes > 1
-    shared, zero_copy, mine, part = _slice_reduce(buffer, topology, broadcast=not across)
+    level = "inter" if across else "intra"
+    if algorithm == "mpi":
+        pending = Pending(level, "iallreduce", *ring_traffic(topology.size, buffer.nbytes))
+        request = topology.world.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+        return AllreduceRequest(request, topology.world, pending,
+                                lambda: _finish(buffer, topology, op, False))
+    with charged("intra", "node_reduce", 0, buffer.nbytes):
+        shared, zero_copy, mine, part = _slice_reduce(buffer, topology, broadcast=not across)
     comm = topology.cross if across else MPI.COMM_SELF
+    traffic = ring_traffic(topology.num_nodes, part.nbytes)
+    pending = Pending(level, "rail iallreduce", *traffic)
     request = comm.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM)
 
     def finish() -> None:
-        _slice_finish(buffer, shared, zero_copy, mine, broadcast=across)
+        with charged("intra", "node_broadcast", 0, buffer.nbytes):
+            _slice_finish(buffer, shared, zero_copy, mine, broadcast=across)
         _finish(buffer, topology, op, False)
-    return AllreduceRequest(request, comm, finish)
+    return AllreduceRequest(request, comm, pending, finish)

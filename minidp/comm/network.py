@@ -65,6 +65,33 @@ def ring_traffic(ranks: int, nbytes: int) -> tuple[int, float]:
     return 2 * (ranks - 1), 2 * (ranks - 1) / ranks * nbytes
 
 
+class Pending:
+    """An operation in flight (a non-blocking collective): counted now, charged at its wait.
+
+    The modelled time runs from the start, so computation done meanwhile hides it;
+    :meth:`waiting` times the blocked part under the phase ``wait`` and sleeps whatever
+    of the model is left.
+    """
+
+    def __init__(self, level: str, operation: str, messages: int, nbytes: float) -> None:
+        if level not in LEVELS:
+            raise ValueError(f"level: got {level!r}, allowed: {LEVELS}")
+        self.level, self.operation = level, operation
+        self.model_s = network_model().seconds(messages, nbytes) if level == "inter" else 0.0
+        self.start = time.perf_counter()
+        tracer().count(f"bytes_{level}", int(nbytes))
+        tracer().count(f"messages_{level}", messages)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Time the wait; on leaving, sleep until the modelled completion time."""
+        with tracer().phase("wait", op=self.operation, level=self.level):
+            yield
+            remainder = self.model_s - (time.perf_counter() - self.start)
+            if remainder > 0:
+                time.sleep(remainder)
+
+
 @contextlib.contextmanager
 def charged(level: str, operation: str, messages: int, nbytes: float) -> Iterator[None]:
     """Time, count and (inter-node) charge one communication operation."""

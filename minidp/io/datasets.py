@@ -26,11 +26,34 @@ import pickle
 
 import numpy as np
 
+from minidp.backend import array_module
 from minidp.io.idx import read_idx
 
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 IDX_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
              "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+
+
+# Per-channel mean and std of the training images scaled to [0, 1] (synthetic: of its
+# default noise 1), for normalising batches read back from .mdp files.
+NORMALIZATION = {
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "mnist-5k": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "synthetic": ((0.0,), (float(np.sqrt(2.0)),)),
+}
+
+
+def normalize(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """float32 batch: uint8 scaled to [0, 1], then (x - mean) / std per channel."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    xp = array_module(x)
+    mean_ = xp.asarray(mean, np.float32).reshape(shape)
+    std_ = xp.asarray(std, np.float32).reshape(shape)
+    if x.dtype == np.uint8:
+        return (x.astype(np.float32) * np.float32(1 / 255) - mean_) / std_
+    return ((x - mean_) / std_).astype(np.float32, copy=False)
 
 
 @dataclasses.dataclass
@@ -54,12 +77,7 @@ class Dataset:
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
         """float32 batch: uint8 scaled to [0, 1], then (x - mean) / std per channel."""
-        shape = (1, -1) + (1,) * (x.ndim - 2)
-        mean = np.asarray(self.mean, np.float32).reshape(shape)
-        std = np.asarray(self.std, np.float32).reshape(shape)
-        if x.dtype == np.uint8:
-            return (x.astype(np.float32) * np.float32(1 / 255) - mean) / std
-        return ((x - mean) / std).astype(np.float32, copy=False)
+        return normalize(x, self.mean, self.std)
 
     def take(self, train_samples: int | None = None, test_samples: int | None = None) -> Dataset:
         """The first ``train_samples`` / ``test_samples`` samples (None keeps all)."""

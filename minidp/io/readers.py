@@ -74,19 +74,26 @@ class EpochStream:
 class Reader(abc.ABC):
     """Common part: header validation on every rank, batch iteration."""
 
-    def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0) -> None:
+    def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0,
+                 limit: int | None = None) -> None:
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.path, self.seed = path, seed
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.header: Header = read_header(path)
-        if self.header.count < self.size:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 1):
+            raise ValueError(f"rank {self.rank}: sample limit: got {limit!r}, allowed: a "
+                             "positive int or None")
+        # Only the first ``count`` records are used (--train-samples / --test-samples).
+        self.count = self.header.count if limit is None else min(limit, self.header.count)
+        if self.count < self.size:
             raise ValueError(f"rank {self.rank}: dataset file '{path}' has "
-                             f"{self.header.count} samples, fewer than the {self.size} ranks")
+                             f"{self.count} samples, fewer than the {self.size} ranks")
 
     @property
     def samples_per_rank(self) -> int:
         """Samples each rank gets per epoch."""
-        return self.header.count // self.size
+        return self.count // self.size
 
     def check_batch_size(self, batch_size: int) -> None:
         """Raise unless 1 <= batch_size <= samples_per_rank."""
@@ -117,7 +124,7 @@ class Reader(abc.ABC):
         One global permutation per (seed, epoch); ``steps * size * batch_size`` samples.
         """
         steps = self.batches_per_epoch(batch_size)
-        order = epoch_rng(self.seed, epoch).permutation(self.header.count)
+        order = epoch_rng(self.seed, epoch).permutation(self.count)
         batches = order[:steps * self.size * batch_size].reshape(-1, self.size, batch_size)
         return batches[:, self.rank].reshape(-1)
 
@@ -140,9 +147,11 @@ class Reader(abc.ABC):
 class MemoryReader(Reader):
     """Whole set in memory; rank r takes slice r of every global batch."""
 
-    def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0) -> None:
-        super().__init__(path, comm, seed)
-        raw = np.fromfile(path, dtype=np.uint8, offset=HEADER_SIZE)
+    def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0,
+                 limit: int | None = None) -> None:
+        super().__init__(path, comm, seed, limit)
+        raw = np.fromfile(path, dtype=np.uint8, offset=HEADER_SIZE,
+                          count=self.count * self.header.record_size)
         self.x, self.y = decode(raw, self.header)
 
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
@@ -155,8 +164,8 @@ class MPIIOReader(Reader):
     """Contiguous blocks read with collective MPI-IO, rotating over ranks every epoch."""
 
     def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0,
-                 max_bytes: int = 256 << 20) -> None:
-        super().__init__(path, comm, seed)
+                 limit: int | None = None, max_bytes: int = 256 << 20) -> None:
+        super().__init__(path, comm, seed, limit)
         if max_bytes < self.header.record_size:
             raise ValueError(f"max_bytes: got {max_bytes}, allowed: >= one record "
                              f"({self.header.record_size} bytes)")
@@ -170,10 +179,10 @@ class MPIIOReader(Reader):
     def read_block(self, epoch: int) -> list[np.ndarray]:
         """This rank's block of ``epoch`` as raw byte pieces of at most max_bytes each."""
         rs = self.header.record_size
-        start, stop = block_range(self.block_of(epoch), self.size, self.header.count)
+        start, stop = block_range(self.block_of(epoch), self.size, self.count)
         per_piece = max(1, self.max_bytes // rs)
         # Collective calls must match: every rank makes as many calls as the largest block.
-        largest = -(-self.header.count // self.size)
+        largest = -(-self.count // self.size)
         calls = -(-largest // per_piece)
         pieces = []
         fh = MPI.File.Open(self.comm, self.path, MPI.MODE_RDONLY)
@@ -211,10 +220,10 @@ class LeaderReader(Reader):
     """
 
     def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0,
-                 ranks_per_node: int | None = None) -> None:
-        super().__init__(path, comm, seed)
+                 limit: int | None = None, ranks_per_node: int | None = None) -> None:
+        super().__init__(path, comm, seed, limit)
         self.topology = Topology(self.comm, ranks_per_node)
-        largest = -(-self.header.count // self.topology.num_nodes) * self.header.record_size
+        largest = -(-self.count // self.topology.num_nodes) * self.header.record_size
         self.window = MPI.Win.Allocate_shared(largest if self.topology.is_leader else 0, 1,
                                               comm=self.topology.node)
         buf, _ = self.window.Shared_query(0)
@@ -228,7 +237,7 @@ class LeaderReader(Reader):
         """This rank's disjoint slice of its node's shuffled block."""
         rs = self.header.record_size
         start, stop = block_range(self.block_of(epoch), self.topology.num_nodes,
-                                  self.header.count)
+                                  self.count)
         nbytes = (stop - start) * rs
         self.window.Fence()
         if self.topology.is_leader:
@@ -270,10 +279,11 @@ class StridedReader(Reader):
         return raw
 
 
-def open_reader(kind: str, path: str, comm: MPI.Comm | None = None, seed: int = 0) -> Reader:
+def open_reader(kind: str, path: str, comm: MPI.Comm | None = None, seed: int = 0,
+                limit: int | None = None) -> Reader:
     """A reader by name: ``memory``, ``mpiio``, ``leader`` or ``strided``."""
     classes = {"memory": MemoryReader, "mpiio": MPIIOReader, "leader": LeaderReader,
                "strided": StridedReader}
     if kind not in classes:
         raise ValueError(f"reader: got {kind!r}, allowed: {', '.join(READERS)}")
-    return classes[kind](path, comm, seed)
+    return classes[kind](path, comm, seed, limit)

@@ -1,0 +1,92 @@
+"""One level at a time: the node-only and rail-only collectives hierarchical strategies use.
+
+``allreduce`` reduces over the whole world. The strategies also need each level on its
+own: average inside a node (HSGD level 1, HBSGD and DASO every step), reduce over one
+rail across nodes (DASO's global sync, blocking or not), and broadcast inside a node
+from one local rank (DASO after a receive). Each goes through the same accounting as
+``allreduce``: node operations are timed as ``comm_intra``, rail operations as
+``comm_inter`` and charged by the network model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from minidp.comm import guard
+from minidp.comm.allreduce import (
+    OPS,
+    AllreduceRequest,
+    _check,
+    _slice_finish,
+    _slice_reduce,
+)
+from minidp.comm.network import Pending, charged, ring_traffic
+from minidp.comm.topology import Topology
+
+
+def _divide(buffer: np.ndarray, op: str, count: int) -> np.ndarray:
+    if op not in OPS:
+        raise ValueError(f"op: got {op!r}, allowed: {', '.join(OPS)}")
+    if op == "mean" and count > 1:
+        buffer /= count
+    return buffer
+
+
+def node_allreduce(buffer: np.ndarray, topology: Topology, op: str = "mean") -> np.ndarray:
+    """Reduce ``buffer`` over the ranks of this node only, through the shared window.
+
+    Pattern: every rank's buffer is (or is copied into) its segment; local rank k sums
+    slice k of all segments and copies it back into each; sync. No message leaves the
+    node. Zero-copy when ``buffer`` is a :func:`shared_buffer` segment.
+    """
+    _check(buffer, "hierarchical", op, topology.rank)
+    guard.check_same(topology.node, f"node allreduce {op}", buffer)
+    with charged("intra", "node_allreduce", 0, buffer.nbytes):
+        if topology.local_size > 1 and buffer.size:
+            shared, zero_copy, mine, _ = _slice_reduce(buffer, topology, broadcast=True)
+            _slice_finish(buffer, shared, zero_copy, mine, broadcast=False)
+    return _divide(buffer, op, topology.local_size)
+
+
+def rail_allreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> np.ndarray:
+    """Blocking reduce of ``buffer`` over this rank's rail (its local rank on every node).
+
+    Only the ranks of one rail call it; the other rails are free. Charged as a ring
+    over the P nodes: 2(P-1) messages, 2(P-1)/P of the bytes.
+    """
+    _check(buffer, "mpi", op, topology.rank)
+    guard.check_same(topology.cross, f"rail allreduce {op}", buffer)
+    if topology.num_nodes > 1:
+        with charged("inter", "rail_allreduce", *ring_traffic(topology.num_nodes,
+                                                               buffer.nbytes)):
+            guard.wait(topology.cross.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM),
+                       topology.cross, "rail allreduce")
+    return _divide(buffer, op, topology.num_nodes)
+
+
+def rail_iallreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> AllreduceRequest:
+    """Start a non-blocking reduce of ``buffer`` over this rank's rail; wait() finishes it.
+
+    The network model's time runs from now, so the batches computed before ``wait()``
+    hide it; whatever is left is slept in ``wait()`` under the phase ``wait``.
+    """
+    _check(buffer, "mpi", op, topology.rank)
+    guard.check_same(topology.cross, f"rail iallreduce {op}", buffer)
+    level = "inter" if topology.num_nodes > 1 else "intra"
+    pending = Pending(level, "rail iallreduce", *ring_traffic(topology.num_nodes, buffer.nbytes))
+    request = topology.cross.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+    return AllreduceRequest(request, topology.cross, pending,
+                            lambda: _divide(buffer, op, topology.num_nodes))
+
+
+def node_broadcast(buffer: np.ndarray, topology: Topology, root: int) -> np.ndarray:
+    """Copy ``buffer`` of local rank ``root`` to every rank of the node (``Ibcast``)."""
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < topology.local_size:
+        raise ValueError(f"rank {topology.rank}: broadcast root: got {root!r}, allowed: a local "
+                         f"rank in [0, {topology.local_size})")
+    guard.check_same(topology.node, f"node broadcast from {root}", buffer)
+    if topology.local_size > 1:
+        with charged("intra", "node_broadcast", 0, buffer.nbytes):
+            guard.wait(topology.node.Ibcast(buffer, root=root), topology.node, "node broadcast")
+    return buffer

@@ -1,0 +1,191 @@
+"""What every distributed strategy has: options, the start-up broadcast, the update hooks.
+
+The Trainer drives a strategy through a small interface, the same for the synchronous
+family here and the asynchronous and elastic ones that stand on it:
+
+* ``is_worker``: whether this rank trains (a parameter server rank instead runs
+  :meth:`Strategy.serve` until every worker has stopped);
+* ``plan(total_epochs)`` once; ``begin_epoch(epoch, batches)``, then per batch, after
+  backward, ``step(batch)``, then ``end_epoch(epoch, train_loss)`` with the loss
+  averaged over all workers;
+* ``batch_size(base)``: the samples this worker takes next (dynamic batch sizes);
+* ``consensus()``: the parameters the run's result is (model.npz, evaluation);
+* ``state_dict()`` / ``load_state_dict()``: what a checkpoint must hold to resume exactly.
+
+Options are declared per class as :class:`Option` (type, default, allowed range) and
+checked on construction; ``--set NAME.option=value`` strings are converted here.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from minidp.comm import ALLREDUCE_ALGORITHMS, Topology, guard, shared_buffer
+from minidp.layers import Module
+from minidp.optim.optimizer import Optimizer
+from minidp.trace import tracer
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One strategy option: its type, default, a check and the words for what is allowed."""
+
+    default: Any
+    kind: type
+    allowed: str
+    check: Callable[[Any], bool] = lambda value: True
+    help: str = ""
+
+    def parse(self, strategy: str, name: str, value: Any) -> Any:
+        """Convert (from a --set string if need be) and check; raise naming the option."""
+        where = f"{strategy}.{name}"
+        if isinstance(value, str) and self.kind is not str:
+            value = _from_string(where, value, self.kind)
+        if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, self.kind) or (self.kind is int and isinstance(value, bool)):
+            raise TypeError(f"{where}: got {value!r} ({type(value).__name__}), expected "
+                            f"{self.kind.__name__}: {self.allowed}")
+        if not self.check(value):
+            raise ValueError(f"{where}: got {value!r}, allowed: {self.allowed}")
+        return value
+
+
+def _from_string(where: str, text: str, kind: type) -> Any:
+    if kind is bool:
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise TypeError(f"{where}: got {text!r}, expected a bool (true/false)")
+    try:
+        return kind(text)
+    except ValueError:
+        raise TypeError(f"{where}: got {text!r}, expected {kind.__name__}") from None
+
+
+class Strategy(abc.ABC):
+    """Base of every strategy: it owns communication and the parameter update.
+
+    Args:
+        model: the replica on this rank (parameters in one flat buffer).
+        optimizer: the local optimizer that applies updates to ``model``.
+        topology: nodes, rails and communicators.
+        allreduce: algorithm for whole-world reductions (``ALLREDUCE_ALGORITHMS``).
+        **options: the strategy's own options (see its ``options``).
+    """
+
+    name: ClassVar[str]
+    options: ClassVar[dict[str, Option]] = {}
+
+    def __init__(self, model: Module, optimizer: Optimizer, topology: Topology,
+                 allreduce: str = "hierarchical", **options: Any) -> None:
+        if allreduce not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"rank {topology.rank}: allreduce: got {allreduce!r}, allowed: "
+                             f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+        self.model, self.optimizer, self.topology = model, optimizer, topology
+        self.algorithm = allreduce
+        self.config = self.parse_options(options)
+        self.flat = model.flat_parameters()
+        if optimizer.flat is not self.flat:
+            raise ValueError(f"rank {topology.rank}: the optimizer must be built on "
+                             "model.parameters() of this model")
+        self.epoch, self.batches, self.total_epochs = 0, 0, 1
+        self.broadcast_parameters()
+
+    @classmethod
+    def parse_options(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Defaults overridden by ``values``; unknown names are an error listing the valid."""
+        unknown = sorted(set(values) - set(cls.options))
+        if unknown:
+            valid = ", ".join(sorted(cls.options)) or "(none)"
+            raise ValueError(f"strategy {cls.name!r}: unknown option(s) "
+                             f"{', '.join(unknown)}; valid options: {valid}")
+        return {name: opt.parse(cls.name, name, values.get(name, opt.default))
+                for name, opt in cls.options.items()}
+
+    # -- set-up ---------------------------------------------------------------------
+
+    def broadcast_parameters(self) -> None:
+        """Start every rank from rank 0's parameters and buffers (not from a shared seed)."""
+        sizes = self.topology.world.allgather(self.flat.size)
+        if len(set(sizes)) > 1:
+            raise ValueError(f"rank {self.topology.rank} has {self.flat.size} parameters, rank "
+                             f"0 has {sizes[0]}: every rank must build the same model")
+        self.topology.world.Bcast(self.flat.data, root=0)
+        for buffer in self._float_buffers():
+            self.topology.world.Bcast(buffer, root=0)
+
+    def _float_buffers(self) -> list[np.ndarray]:
+        return [b for _, b in self.model.named_buffers()
+                if isinstance(b, np.ndarray) and b.dtype.kind == "f"]
+
+    def gradients_in_shared_memory(self) -> None:
+        """Move the flat gradient buffer into the node window: node reductions copy nothing."""
+        self.flat.rebind_grad(shared_buffer(self.topology, self.flat.size,
+                                            self.flat.grad.dtype, name="gradients"))
+
+    # -- the interface the Trainer drives -----------------------------------------------
+
+    @property
+    def is_worker(self) -> bool:
+        """Whether this rank trains (synchronous strategies: every rank)."""
+        return True
+
+    def serve(self) -> None:
+        """The loop of a server rank; strategies with a server role override it."""
+        raise RuntimeError(f"rank {self.topology.rank}: strategy {self.name!r} has no server "
+                           "role; every rank is a worker")
+
+    def batch_size(self, base: int) -> int:
+        """Samples this worker takes for its next step (fixed for synchronous strategies)."""
+        return base
+
+    def plan(self, total_epochs: int) -> None:
+        """Told once, before training, how many epochs the run has."""
+        self.total_epochs = total_epochs
+
+    def begin_epoch(self, epoch: int, batches: int) -> None:
+        """Called before the first batch of ``epoch`` (0-based) of ``batches`` batches."""
+        self.epoch, self.batches = epoch, batches
+
+    @abc.abstractmethod
+    def step(self, batch: int) -> None:
+        """Communicate and update the parameters after backward of batch ``batch``."""
+
+    def end_epoch(self, epoch: int, train_loss: float) -> None:
+        """Called after the last batch with the training loss averaged over workers."""
+
+    def consensus(self) -> np.ndarray:
+        """The parameters that are the result (every rank's own once they agree)."""
+        return self.flat.data
+
+    def state_dict(self) -> dict[str, Any]:
+        """Strategy state a checkpoint must hold (beyond parameters and optimizer)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
+    # -- helpers for subclasses -----------------------------------------------------------
+
+    def optimizer_step(self) -> None:
+        """The local update, timed as the ``optimizer`` phase."""
+        with tracer().phase("optimizer"):
+            self.optimizer.step()
+
+    def check_finite(self) -> None:
+        """Raise (naming rank and epoch) if the parameters are not all finite."""
+        if not np.all(np.isfinite(self.flat.data)):
+            raise FloatingPointError(f"rank {self.topology.rank}: parameters are not finite "
+                                     f"after a sync in epoch {self.epoch + 1}; lower --lr")
+
+    def check_same_call(self, operation: str) -> None:
+        """Debug mode: every rank must be at the same operation of the same size."""
+        guard.check_same(self.topology.world, operation, self.flat.data)

@@ -1,0 +1,69 @@
+"""``hbsgd``: hierarchical bulk-synchronous SGD (Cong & Bhardwaj, ICMLA 2017).
+
+Reconstruction: only the abstract is public. It is read through the same group's
+K-step averaging (K-AVG, Zhou & Cong, IJCAI 2018): bulk-synchronous gradient averaging
+inside a group (here a node) every step, and model averaging across groups every K
+steps. See docs/hbsgd.md.
+"""
+
+from __future__ import annotations
+
+from minidp.comm import allreduce, node_allreduce
+from minidp.strategies.base import Option, Strategy
+
+
+class HierarchicalBulkSGD(Strategy):
+    """Gradient averaging inside the node every step; model averaging across nodes every K.
+
+    Within a node the replicas average gradients and take the same step, so they stay
+    identical: the node acts as one learner with batch G x b. Across nodes the P
+    learners run K local steps, then average their parameters (K-AVG between nodes).
+    Momentum buffers are not averaged: each node keeps its own, the choice of K-AVG's
+    reference code and the one that makes K = 1 exactly synchronous SGD (the buffers'
+    average then evolves like the global buffer, because the update is linear).
+
+    Communication, at step t (1-based)::
+
+        1. node: allreduce(grad, mean) through the node's shared window (zero-copy);
+           the node's ranks wait for each other
+        2. optimizer.step() locally
+        3. t % K == 0: allreduce(params, mean) over the world, hierarchical (the node
+           copies are equal, so this is the mean over nodes; only the rails cross nodes)
+
+    Every epoch ends with step 3 if the last step did not do it, so evaluation and
+    checkpoints see one model. One node: K-averaging has nothing to average and this is
+    synchronous SGD; one rank per node: K-AVG.
+    """
+
+    name = "hbsgd"
+    options = {
+        "k": Option(4, int, "an int >= 1", lambda v: v >= 1,
+                    "steps between model averages across nodes"),
+    }
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gradients_in_shared_memory()
+        self.steps = 0
+
+    def step(self, batch: int) -> None:
+        """Node gradient average and update; every K steps, the model average across nodes."""
+        self.steps += 1
+        node_allreduce(self.flat.grad, self.topology, op="mean")
+        self.optimizer_step()
+        if self.steps % self.config["k"] == 0 and self.topology.num_nodes > 1:
+            allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+
+    def end_epoch(self, epoch: int, train_loss: float) -> None:
+        """Leave the epoch with one model on every rank."""
+        if self.steps % self.config["k"] and self.topology.num_nodes > 1:
+            allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+        self.check_finite()
+
+    def state_dict(self) -> dict:
+        """The step counter decides where the K-step averages fall."""
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the step counter."""
+        self.steps = int(state["steps"])

@@ -1,0 +1,93 @@
+"""``hsgd``: hierarchical synchronous SGD (Wang, Lu, Chen, Li, IEICE Trans. Inf. 2020).
+
+Reconstruction: only the paper's abstract is public. It names three ideas, all here:
+first-level replicas on every node that synchronise through shared memory, a second
+level across nodes by MPI, and LARS (``--optimizer lars``); its third idea, contiguous
+parallel I/O, is the ``mpiio`` reader. See docs/hsgd.md for the choices made.
+"""
+
+from __future__ import annotations
+
+from minidp.comm import allreduce, node_allreduce
+from minidp.strategies.base import Option, Strategy
+
+
+class HierarchicalSGD(Strategy):
+    """Two synchronous levels: the node through shared memory, then across nodes.
+
+    Each node runs G first-level replicas (one per rank, one core each, instead of one
+    multi-threaded process per node). With ``average="gradients"`` (default) the
+    replicas average gradients before one common update; with ``"parameters"`` each
+    replica updates with its own gradient and the levels average parameters, level 1
+    every ``level1_period`` steps and level 2 every ``level2_period`` steps (a multiple
+    of it), i.e. hierarchical local SGD. LARS, nonlinear in the gradient, acts on the
+    averaged gradient in the first form and inside each replica's step in the second.
+
+    Communication, at step t (1-based)::
+
+        gradients:  1. node: every rank's gradient is its segment of the node window;
+                       local rank k sums slice k of the G segments (shared memory only)
+                    2. rails: local rank k allreduces slice k over the P nodes (MPI)
+                    3. node: slices copied back into every segment; sync; update
+        parameters: 1. update with the own gradient
+                    2. t % level2_period == 0: parameters averaged over the world as
+                       in 1-3 above (node, then rails)
+                       else t % level1_period == 0: averaged in the node only
+
+    Every rank waits at the node sync and (level 2) for its rail. At the end of every
+    epoch the parameters are averaged over the world, so evaluation and checkpoints see
+    one model. One node: level 2 has nothing to add. Momentum buffers stay per replica.
+    """
+
+    name = "hsgd"
+    options = {
+        "average": Option("gradients", str, "'gradients' or 'parameters'",
+                          lambda v: v in ("gradients", "parameters"),
+                          "what the levels average"),
+        "level1_period": Option(1, int, "an int >= 1", lambda v: v >= 1,
+                                "steps between node (shared-memory) averages"),
+        "level2_period": Option(1, int, "an int >= 1, a multiple of level1_period",
+                                lambda v: v >= 1, "steps between averages across nodes"),
+    }
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        c, rank = self.config, self.topology.rank
+        if c["level2_period"] % c["level1_period"]:
+            raise ValueError(f"rank {rank}: hsgd.level2_period: got {c['level2_period']}, "
+                             f"allowed: a multiple of hsgd.level1_period ({c['level1_period']})")
+        if c["average"] == "gradients" and c["level2_period"] != 1:
+            raise ValueError(f"rank {rank}: hsgd periods: got level1_period "
+                             f"{c['level1_period']}, level2_period {c['level2_period']} with "
+                             "average='gradients'; gradient averaging needs both periods 1 "
+                             "(replicas would drift apart); use average='parameters'")
+        self.steps = 0
+        if c["average"] == "gradients":
+            self.gradients_in_shared_memory()
+
+    def step(self, batch: int) -> None:
+        """One step of the two-level scheme (see the class docstring)."""
+        self.steps += 1
+        if self.config["average"] == "gradients":
+            allreduce(self.flat.grad, self.topology, "hierarchical", op="mean")
+            self.optimizer_step()
+            return
+        self.optimizer_step()
+        if self.steps % self.config["level2_period"] == 0:
+            allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+        elif self.steps % self.config["level1_period"] == 0:
+            node_allreduce(self.flat.data, self.topology, op="mean")
+
+    def end_epoch(self, epoch: int, train_loss: float) -> None:
+        """Average parameters over the world unless the last step just did."""
+        if self.config["average"] == "parameters" and self.steps % self.config["level2_period"]:
+            allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+        self.check_finite()
+
+    def state_dict(self) -> dict:
+        """The step counter decides where the periods fall."""
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the step counter."""
+        self.steps = int(state["steps"])
