@@ -8,7 +8,8 @@ Prints, per size and algorithm, the best time, the algorithm bandwidth (bytes / 
 the bus bandwidth (algbw x 2(n-1)/n) and the ratio of bus bandwidths to MPICH's own
 blocking ``Allreduce`` (the first row of each size) measured in the same run. minidp's
 ``mpi`` algorithm is MPI's ``Iallreduce`` completed by a timed wait (which names
-missing ranks); the difference between the two rows is that safety's cost. Only 2-rank timings mean much on a 2-core machine.
+missing ranks); the difference between the two rows is that safety's cost. Only
+2-rank timings mean much on a 2-core machine.
 """
 
 import argparse

@@ -45,7 +45,7 @@ class Option:
         """Convert (from a --set string if need be) and check; raise naming the option."""
         where = f"{strategy}.{name}"
         if isinstance(value, str) and self.kind is not str:
-            value = _from_string(where, value, self.kind)
+            value = _from_string(where, value, self.kind, self.allowed)
         if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.kind) or (self.kind is int and isinstance(value, bool)):
@@ -56,18 +56,18 @@ class Option:
         return value
 
 
-def _from_string(where: str, text: str, kind: type) -> Any:
+def _from_string(where: str, text: str, kind: type, allowed: str) -> Any:
     if kind is bool:
         lowered = text.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-        raise TypeError(f"{where}: got {text!r}, expected a bool (true/false)")
+        raise TypeError(f"{where}: got {text!r}, expected a bool: true or false")
     try:
         return kind(text)
     except ValueError:
-        raise TypeError(f"{where}: got {text!r}, expected {kind.__name__}") from None
+        raise TypeError(f"{where}: got {text!r}, expected {kind.__name__}: {allowed}") from None
 
 
 class Strategy(abc.ABC):

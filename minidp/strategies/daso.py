@@ -99,6 +99,7 @@ class DASO(Strategy):
         self.in_flight: _InFlight | None = None
         self.sends, self.force_local = 0, False
         self.sent_on: list[tuple[int, int]] = []  # (batch, rail) of this epoch's sends
+        self.received_on: list[int] = []  # batches of this epoch's non-blocking receives
 
     def _schedule_options(self) -> dict[str, Any]:
         names = ("warmup_epochs", "cooldown_epochs", "max_global_skips", "skip_reduction_factor",
@@ -113,7 +114,7 @@ class DASO(Strategy):
     def begin_epoch(self, epoch: int, batches: int) -> None:
         """Take this epoch's (B, S, L) from the schedule."""
         super().begin_epoch(epoch, batches)
-        self.sent_on = []
+        self.sent_on, self.received_on = [], []
 
     def _local_sync(self, batch: int) -> bool:
         skip = self.schedule.local_skip
@@ -164,6 +165,7 @@ class DASO(Strategy):
     def receive(self) -> None:
         """Merge the finished global sum into the current parameters; share in the node."""
         flight, self.in_flight = self.in_flight, None
+        self.received_on.append(flight.receive_at)
         x = self.flat.data
         if flight.request is not None:
             flight.request.wait()

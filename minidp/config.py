@@ -1,0 +1,196 @@
+"""The training configuration: flags, a TOML file, ``--set`` options, and their checks.
+
+Precedence: defaults < ``--config FILE`` < flags given on the command line. In the
+TOML file, top-level keys are the flag names (``batch_size`` or ``batch-size``) and
+a table named after a strategy holds its options::
+
+    strategy = "daso"
+    epochs = 5
+    [daso]
+    max_global_skips = 4
+
+``--set daso.max_global_skips=4`` does the same from the command line. Every value is
+checked here, before any rank communicates, with an error naming the flag, the value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tomllib
+from typing import Any
+
+from minidp.comm import ALLREDUCE_ALGORITHMS
+from minidp.io.datasets import DATASETS
+from minidp.io.readers import READERS
+from minidp.layers import MODELS
+from minidp.strategies import strategy_class
+
+OPTIMIZERS = ("sgd", "lars")
+SCHEDULES = ("constant", "cosine", "step", "poly")
+DTYPES = ("float32", "float64")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything one training run depends on (``summary.json`` records it whole)."""
+
+    model: str = "lenet5"
+    dataset: str = "fashion-mnist"
+    strategy: str = "sync"
+    epochs: int = 5
+    batch_size: int | None = None
+    global_batch_size: int | None = None
+    lr: float = 0.05
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    trust_coefficient: float = 0.001
+    schedule: str = "constant"
+    warmup_epochs: int = 0
+    seed: int = 0
+    ranks_per_node: int | None = None
+    net_latency_us: float = 0.0
+    net_bandwidth_gbps: float = 0.0
+    reader: str = "mpiio"
+    dtype: str = "float32"
+    train_samples: int | None = None
+    test_samples: int | None = None
+    allreduce: str = "hierarchical"
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    out: str = "runs/latest"
+    data_dir: str = "data"
+    checkpoint_every: int = 0
+    resume: bool = False
+    stop_after: int | None = None
+    comm_timeout: float | None = None
+    progress: bool = True
+
+    def per_worker_batch(self, workers: int) -> int:
+        """--batch-size, or --global-batch-size split evenly over the workers."""
+        if self.global_batch_size is None:
+            return 64 if self.batch_size is None else self.batch_size
+        if self.global_batch_size < workers or self.global_batch_size % workers:
+            raise ValueError(f"--global-batch-size: got {self.global_batch_size}, allowed: a "
+                             f"multiple of the {workers} workers (at least one sample each)")
+        return self.global_batch_size // workers
+
+    def check(self) -> TrainConfig:
+        """Raise ValueError/TypeError naming the first bad setting; returns self."""
+        choices = {"model": tuple(MODELS), "dataset": DATASETS, "optimizer": OPTIMIZERS,
+                   "schedule": SCHEDULES, "reader": READERS, "dtype": DTYPES,
+                   "allreduce": ALLREDUCE_ALGORITHMS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"--{_flag(name)}: got {getattr(self, name)!r}, allowed: "
+                                 f"{', '.join(allowed)}")
+        cls = strategy_class(self.strategy)
+        self.options = cls.parse_options(self.options)
+        _positive("epochs", self.epochs)
+        for name in ("batch_size", "global_batch_size", "train_samples", "test_samples",
+                     "ranks_per_node", "stop_after"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.batch_size is not None and self.global_batch_size is not None:
+            raise ValueError("--batch-size and --global-batch-size: give one of them, not both")
+        for name in ("checkpoint_every", "warmup_epochs", "seed"):
+            _positive(name, getattr(self, name), minimum=0)
+        for name in ("lr", "trust_coefficient"):
+            _number(name, getattr(self, name), lambda v: v > 0, "a number > 0")
+        _number("momentum", self.momentum, lambda v: 0 <= v < 1, "a number in [0, 1)")
+        for name in ("weight_decay", "net_latency_us", "net_bandwidth_gbps"):
+            _number(name, getattr(self, name), lambda v: v >= 0, "a number >= 0")
+        if self.comm_timeout is not None:
+            _number("comm_timeout", self.comm_timeout, lambda v: v > 0, "seconds > 0")
+        return self
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"--{_flag(name)}: got {value!r}, allowed: an int >= {minimum}")
+
+
+def _number(name: str, value: Any, ok: Any, allowed: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ValueError(f"--{_flag(name)}: got {value!r}, allowed: {allowed}")
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def parse_set(items: list[str], strategy: str) -> dict[str, str]:
+    """``["daso.max_global_skips=4"]`` -> ``{"max_global_skips": "4"}`` for ``strategy``."""
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        owner, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise ValueError(f"--set: got {item!r}, allowed: STRATEGY.OPTION=VALUE "
+                             "(e.g. daso.max_global_skips=4)")
+        if owner != strategy:
+            raise ValueError(f"--set: {item!r} is an option of {owner!r}, but --strategy is "
+                             f"{strategy!r}")
+        options[name] = value.strip()
+    return options
+
+
+def from_toml(path: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(settings, per-strategy option tables) of a TOML config file."""
+    with open(path, "rb") as f:
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
+    settings, tables = {}, {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if isinstance(value, dict):
+            strategy_class(key)  # an unknown strategy table is an error listing the valid
+            tables[key] = value
+        elif name in FIELDS and name not in ("options",):
+            settings[name] = value
+        else:
+            valid = ", ".join(sorted(_flag(n) for n in FIELDS if n != "options"))
+            raise ValueError(f"--config {path}: unknown setting {key!r}; valid settings: {valid}")
+    return settings, tables
+
+
+def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``train`` flags to ``parser``; unset flags stay absent (SUPPRESS)."""
+    add = parser.add_argument
+    opt = {"default": argparse.SUPPRESS}
+    add("--config", **opt, help="TOML file of settings (flags override it)")
+    for name, f in FIELDS.items():
+        if name in ("options", "progress", "resume", "nesterov"):
+            continue
+        kind = {"int | None": int, "float | None": float}.get(str(f.type), None)
+        kind = kind or {"int": int, "float": float, "str": str}[str(f.type)]
+        add(f"--{_flag(name)}", type=kind, **opt, help=f"(default {f.default})")
+    add("--nesterov", action="store_true", **opt, help="Nesterov momentum")
+    add("--resume", action="store_true", **opt, help="continue from the latest checkpoint")
+    add("--no-progress", dest="progress", action="store_false", **opt, help="no progress bar")
+    add("--set", action="append", default=[], metavar="STRATEGY.OPTION=VALUE",
+        help="a strategy option (repeatable)")
+    return parser
+
+
+def from_args(args: argparse.Namespace) -> TrainConfig:
+    """Merge defaults, the --config file and the given flags into a checked TrainConfig."""
+    settings, tables = from_toml(args.config) if getattr(args, "config", None) else ({}, {})
+    given = {k: v for k, v in vars(args).items() if k in FIELDS}
+    settings.update(given)
+    config = TrainConfig(**settings)
+    options = dict(tables.get(config.strategy, {}))
+    for other in tables:
+        if other != config.strategy:
+            raise ValueError(f"--config: table [{other}] holds options of {other!r}, but the "
+                             f"strategy is {config.strategy!r}")
+    options.update(parse_set(args.set, config.strategy))
+    config.options = options
+    return config.check()

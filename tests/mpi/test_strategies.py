@@ -1,0 +1,115 @@
+"""SPMD, float64: the hierarchical strategies reduce exactly to ``sync`` where they should."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from strategy_runs import layouts, run, world
+
+from minidp import Tensor, layers, strategies
+from minidp import functional as F
+from minidp.comm import Topology
+from minidp.io.mdp import write_mdp
+from minidp.io.readers import MemoryReader
+from minidp.optim import SGD
+
+OPTIMIZERS = {"sgd": {}, "momentum": {"momentum": 0.9}, "nesterov": {"momentum": 0.9,
+              "nesterov": True}, "weight_decay": {"momentum": 0.9, "weight_decay": 1e-2}}
+REDUCTIONS = {  # strategy and options that must equal sync
+    "hsgd-gradients": ("hsgd", {}),
+    "hsgd-parameters": ("hsgd", {"average": "parameters"}),
+    "hbsgd-k1": ("hbsgd", {"k": 1}),
+    "daso-warmup": ("daso", {"warmup_epochs": 2, "cooldown_epochs": 0}),
+    "daso-cooldown": ("daso", {"warmup_epochs": 0, "cooldown_epochs": 2}),
+}
+
+
+def same_on_every_rank(x):
+    gathered = world.allgather(x)
+    return all(np.array_equal(g, gathered[0]) for g in gathered)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("case", REDUCTIONS)
+def test_reduces_to_sync(case, optimizer):
+    name, options = REDUCTIONS[case]
+    for ranks_per_node in layouts():
+        expected, _ = run("sync", ranks_per_node, optimizer=OPTIMIZERS[optimizer])
+        got, _ = run(name, ranks_per_node, optimizer=OPTIMIZERS[optimizer], **options)
+        assert same_on_every_rank(got)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+        assert np.abs(got - run("sync", ranks_per_node, epochs=1)[0]).max() > 1e-3  # it moved
+
+
+def test_sync_is_bitwise_identical_on_every_rank_for_every_algorithm():
+    results = [run("sync", 2 if world.size % 2 == 0 else 1, allreduce=a)[0]
+               for a in ("mpi", "ring", "recursive_doubling", "hierarchical_leader")]
+    for r in results:
+        assert same_on_every_rank(r)
+        np.testing.assert_allclose(r, results[0], rtol=0, atol=1e-12)
+
+
+def test_hbsgd_with_k_above_one_differs_but_ends_epochs_equal():
+    for ranks_per_node in layouts():
+        got, s = run("hbsgd", ranks_per_node, k=3)
+        assert same_on_every_rank(got)  # the epoch-end model average
+        expected, _ = run("sync", ranks_per_node)
+        if s.topology.num_nodes > 1:
+            assert np.abs(got - expected).max() > 1e-9
+
+
+def test_hsgd_level_one_keeps_nodes_equal_between_level_two_syncs():
+    checks = []
+
+    def after(s, epoch, b):
+        node = s.topology.node.allgather(s.flat.data.copy())
+        checks.append(all(np.array_equal(n, node[0]) for n in node))
+    for ranks_per_node in layouts():
+        checks.clear()
+        run("hsgd", ranks_per_node, average="parameters", level2_period=4, after_step=after)
+        assert all(checks)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = None
+    if world.rank == 0:
+        rng = np.random.default_rng(3)
+        path = str(tmp_path_factory.mktemp("data") / "d.mdp")
+        write_mdp(path, rng.standard_normal((97, 1, 3, 4)).astype(np.float32),
+                  rng.integers(0, 3, 97), 3, progress=False)
+    return world.bcast(path)
+
+
+def train_on_reader(reader, topo, batch_size, epochs=2):
+    layers.manual_seed(0)
+    model = layers.mlp(12, (10,), 3).to(np.float64)
+    s = strategies.get("sync", model, SGD(model.parameters(), lr=0.1, momentum=0.9), topo)
+    for epoch in range(epochs):
+        for x, y in reader.iterate(epoch, batch_size):
+            s.optimizer.zero_grad()
+            F.cross_entropy(model(Tensor(x.astype(np.float64))), y).backward()
+            s.step(0)
+    return s.flat.data.copy()
+
+
+def test_sync_with_memory_reader_equals_one_rank_with_n_times_the_batch(data_file):
+    got = train_on_reader(MemoryReader(data_file, world), Topology(ranks_per_node=1), 3)
+    single = Topology(MPI.COMM_SELF)
+    expected = train_on_reader(MemoryReader(data_file, MPI.COMM_SELF), single, 3 * world.size)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match=r"strategy 'daso': unknown option\(s\) skips; valid "
+                                         "options: cooldown_epochs"):
+        run("daso", 1, skips=3)
+    with pytest.raises(TypeError, match=r"hbsgd.k: got '2.5', expected int: an int >= 1"):
+        strategies.STRATEGIES["hbsgd"].parse_options({"k": "2.5"})
+    with pytest.raises(ValueError, match=r"hbsgd.k: got 0, allowed: an int >= 1"):
+        strategies.STRATEGIES["hbsgd"].parse_options({"k": 0})
+    with pytest.raises(ValueError, match="hsgd periods: got level1_period 1, level2_period 2 "
+                                         "with average='gradients'"):
+        run("hsgd", 1, level2_period=2)
+    with pytest.raises(ValueError, match="strategy: got 'nope', allowed: sync, hsgd, hbsgd, "
+                                         "daso"):
+        strategies.get("nope")
