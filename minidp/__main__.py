@@ -91,13 +91,22 @@ def train(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr)
         return 2
-    trainer = Trainer(config)
-    if rank == 0:
-        t = trainer.topology
-        print(f"minidp train: {config.strategy} on {t.size} rank(s) = {t.num_nodes} node(s) x "
-              f"{t.local_size}, {config.model} on {config.dataset} ({trainer.batches} batches "
-              f"of {trainer.batch_size} per rank per epoch), out: {config.out}", flush=True)
-    summary = trainer.fit()
+    try:
+        trainer = Trainer(config)
+        if rank == 0:
+            t = trainer.topology
+            print(f"minidp train: {config.strategy} on {t.size} rank(s) = {t.num_nodes} node(s) "
+                  f"x {t.local_size}, {config.model} on {config.dataset} ({trainer.batches} "
+                  f"batches of {trainer.batch_size} per rank per epoch), out: {config.out}",
+                  flush=True)
+        summary = trainer.fit()
+    except (ValueError, TypeError, OSError, FloatingPointError) as exc:
+        # Setup checks raise alike on every rank; anything else must not leave the other
+        # ranks waiting in a collective, so a job of several ranks is aborted.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        if MPI.COMM_WORLD.Get_size() > 1:
+            MPI.COMM_WORLD.Abort(2)
+        return 2
     if rank == 0:
         print(phase_table(summary["epochs"]))
         print(f"final test accuracy {summary['final']['test_accuracy']:.2%} after "

@@ -25,7 +25,7 @@ from minidp.comm import ALLREDUCE_ALGORITHMS
 from minidp.io.datasets import DATASETS
 from minidp.io.readers import READERS
 from minidp.layers import MODELS
-from minidp.strategies import strategy_class
+from minidp.strategies import names, strategy_class
 
 OPTIMIZERS = ("sgd", "lars")
 SCHEDULES = ("constant", "cosine", "step", "poly")
@@ -86,6 +86,8 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{_flag(name)}: got {getattr(self, name)!r}, allowed: "
                                  f"{', '.join(allowed)}")
+        if self.strategy not in names():
+            raise ValueError(f"--strategy: got {self.strategy!r}, allowed: {', '.join(names())}")
         cls = strategy_class(self.strategy)
         self.options = cls.parse_options(self.options)
         _positive("epochs", self.epochs)

@@ -1,0 +1,47 @@
+"""SPMD: the Trainer through its Python API: data checks on every rank, evaluation sharding."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from minidp.config import TrainConfig
+from minidp.io.datasets import synthetic
+from minidp.io.mdp import write_mdp
+from minidp.train import Trainer
+
+world = MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    path = None
+    if world.rank == 0:
+        path = str(tmp_path_factory.mktemp("data"))
+        data = synthetic(train_samples=300, test_samples=103)
+        write_mdp(f"{path}/synthetic-train.mdp", data.x_train, data.y_train, 10, progress=False)
+        write_mdp(f"{path}/synthetic-test.mdp", data.x_test, data.y_test, 10, progress=False)
+    return world.bcast(path)
+
+
+def config(data_dir, tmp, **kw):
+    return TrainConfig(dataset="synthetic", model="mlp", epochs=1, batch_size=8,
+                       data_dir=data_dir, out=str(tmp), progress=False, **kw)
+
+
+def test_dataset_missing_on_some_ranks_is_an_error_on_every_rank(data_dir, tmp_path):
+    if world.size == 1:
+        return
+    mine = data_dir if world.rank != world.size - 1 else str(tmp_path / "elsewhere")
+    with pytest.raises(FileNotFoundError, match=rf"rank {world.rank}: dataset files unusable on "
+                                                rf"rank\(s\) {world.size - 1}: .*every rank must "
+                                                "read the same --data-dir"):
+        Trainer(config(mine, tmp_path))
+
+
+def test_evaluation_covers_the_test_set_once(data_dir, tmp_path):
+    trainer = Trainer(config(data_dir, world.bcast(str(tmp_path)), test_samples=101))
+    counts = world.allgather(len(trainer.test_y))
+    assert sum(counts) == 101 and max(counts) - min(counts) <= 1
+    loss, accuracy = trainer.evaluate()
+    assert world.allgather((loss, accuracy)) == [(loss, accuracy)] * world.size
+    assert 0 <= accuracy <= 1 and np.isfinite(loss)

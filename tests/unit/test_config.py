@@ -1,0 +1,62 @@
+"""The training configuration: flags, TOML, --set, precedence and checks."""
+
+import argparse
+
+import pytest
+
+from minidp.config import TrainConfig, build_parser, from_args
+
+
+def parse(argv):
+    return from_args(build_parser(argparse.ArgumentParser()).parse_args(argv))
+
+
+def test_defaults_flags_and_set():
+    c = parse(["--strategy", "daso", "--epochs", "3", "--set", "daso.max_global_skips=4"])
+    assert (c.strategy, c.epochs, c.lr, c.reader) == ("daso", 3, 0.05, "mpiio")
+    assert c.options["max_global_skips"] == 4 and c.options["warmup_epochs"] == 4
+    assert c.per_worker_batch(4) == 64
+
+
+def test_toml_file_with_flags_overriding(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('strategy = "hbsgd"\nbatch-size = 32\nepochs = 7\n[hbsgd]\nk = 8\n')
+    c = parse(["--config", str(path), "--epochs", "2"])
+    assert (c.strategy, c.batch_size, c.epochs, c.options) == ("hbsgd", 32, 2, {"k": 8})
+    c = parse(["--config", str(path), "--set", "hbsgd.k=2"])
+    assert c.options == {"k": 2}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("epochz = 3\n", "unknown setting 'epochz'; valid settings: allreduce, batch-size"),
+    ("[daso]\nk = 1\n", "table [daso] holds options of 'daso', but the strategy is 'sync'"),
+    ("[nope]\nk = 1\n", "strategy: got 'nope', allowed: sync, hsgd, hbsgd, daso"),
+    ("epochs = \n", "not valid TOML"),
+])
+def test_bad_toml(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")
+                       .replace("(", r"\(").replace(")", r"\)")):
+        parse(["--config", str(path)])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "daso.k"], "--set: got 'daso.k', allowed: STRATEGY.OPTION=VALUE"),
+    (["--set", "daso.k=1"], "--set: 'daso.k=1' is an option of 'daso', but --strategy is 'sync'"),
+    (["--model", "vgg"], "--model: got 'vgg', allowed: mlp, lenet5, cifar_cnn, resnet20"),
+    (["--epochs", "0"], "--epochs: got 0, allowed: an int >= 1"),
+    (["--momentum", "1.5"], r"--momentum: got 1.5, allowed: a number in \[0, 1\)"),
+    (["--batch-size", "8", "--global-batch-size", "32"], "give one of them, not both"),
+    (["--reader", "fast"], "--reader: got 'fast', allowed: memory, mpiio, leader, strided"),
+])
+def test_bad_flags(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse(argv)
+
+
+def test_global_batch_is_split_over_workers():
+    assert TrainConfig(global_batch_size=256).check().per_worker_batch(4) == 64
+    with pytest.raises(ValueError, match="--global-batch-size: got 6, allowed: a multiple of "
+                                         "the 4 workers"):
+        TrainConfig(global_batch_size=6).per_worker_batch(4)
