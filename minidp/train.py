@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 import minidp
-from minidp import Tensor, checkpoint, layers, no_grad, strategies
+from minidp import Tensor, checkpoint, layers, no_grad, strategies, threads
 from minidp import functional as F
 from minidp.comm import NetworkModel, Topology, allreduce, guard, set_network_model
 from minidp.config import TrainConfig
@@ -307,6 +307,7 @@ class Trainer:
             "versions": {"minidp": minidp.__version__, "python": platform.python_version(),
                          "numpy": np.__version__, "mpi4py": __import__("mpi4py").__version__,
                          "mpi": MPI.Get_library_version().strip().splitlines()[0]},
+            "threads_per_rank": threads.threads_per_rank(),
             "final": {k: last.get(k) for k in ("epoch", "train_loss", "test_loss",
                                                "test_accuracy")},
             "bytes_sent": {"intra": totals.get("bytes_intra", 0),
