@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from minidp.comm import ALLREDUCE_ALGORITHMS, Topology, guard, shared_buffer
+from minidp.comm import ALLREDUCE_ALGORITHMS, Topology, allreduce, guard, shared_buffer
 from minidp.layers import Module
 from minidp.optim.optimizer import Optimizer
 from minidp.trace import tracer
@@ -97,6 +97,7 @@ class Strategy(abc.ABC):
             raise ValueError(f"rank {topology.rank}: the optimizer must be built on "
                              "model.parameters() of this model")
         self.epoch, self.batches, self.total_epochs = 0, 0, 1
+        self.steps = 0  # steps taken over the whole run (periods count in these)
         self.broadcast_parameters()
 
     @classmethod
@@ -168,10 +169,11 @@ class Strategy(abc.ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """Strategy state a checkpoint must hold (beyond parameters and optimizer)."""
-        return {}
+        return {"steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
+        self.steps = int(state["steps"])
 
     # -- helpers for subclasses -----------------------------------------------------------
 
@@ -179,6 +181,10 @@ class Strategy(abc.ABC):
         """The local update, timed as the ``optimizer`` phase."""
         with tracer().phase("optimizer"):
             self.optimizer.step()
+
+    def average_parameters(self) -> None:
+        """Parameters <- their mean over every rank (hierarchical: node slices, then rails)."""
+        allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
 
     def check_finite(self) -> None:
         """Raise (naming rank and epoch) if the parameters are not all finite."""

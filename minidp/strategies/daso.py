@@ -122,6 +122,7 @@ class DASO(Strategy):
 
     def step(self, batch: int) -> None:
         """Node sync and local update, then DASO's global send/receive logic."""
+        self.steps += 1
         if self._local_sync(batch):
             node_allreduce(self.flat.grad, self.topology, op="mean")
         self.optimizer_step()
@@ -182,9 +183,10 @@ class DASO(Strategy):
 
     def state_dict(self) -> dict:
         """Schedule and rail counter (nothing is in flight at an epoch's end)."""
-        return {"sends": self.sends, "schedule": self.schedule.state_dict()}
+        return dict(super().state_dict(), sends=self.sends, schedule=self.schedule.state_dict())
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict() returned."""
+        super().load_state_dict(state)
         self.sends = int(state["sends"])
         self.schedule.load_state_dict(state["schedule"])

@@ -8,7 +8,7 @@ steps. See docs/hbsgd.md.
 
 from __future__ import annotations
 
-from minidp.comm import allreduce, node_allreduce
+from minidp.comm import node_allreduce
 from minidp.strategies.base import Option, Strategy
 
 
@@ -44,7 +44,6 @@ class HierarchicalBulkSGD(Strategy):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gradients_in_shared_memory()
-        self.steps = 0
 
     def step(self, batch: int) -> None:
         """Node gradient average and update; every K steps, the model average across nodes."""
@@ -52,18 +51,10 @@ class HierarchicalBulkSGD(Strategy):
         node_allreduce(self.flat.grad, self.topology, op="mean")
         self.optimizer_step()
         if self.steps % self.config["k"] == 0 and self.topology.num_nodes > 1:
-            allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+            self.average_parameters()
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
         """Leave the epoch with one model on every rank."""
         if self.steps % self.config["k"] and self.topology.num_nodes > 1:
-            allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+            self.average_parameters()
         self.check_finite()
-
-    def state_dict(self) -> dict:
-        """The step counter decides where the K-step averages fall."""
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore the step counter."""
-        self.steps = int(state["steps"])

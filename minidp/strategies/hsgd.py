@@ -61,7 +61,6 @@ class HierarchicalSGD(Strategy):
                              f"{c['level1_period']}, level2_period {c['level2_period']} with "
                              "average='gradients'; gradient averaging needs both periods 1 "
                              "(replicas would drift apart); use average='parameters'")
-        self.steps = 0
         if c["average"] == "gradients":
             self.gradients_in_shared_memory()
 
@@ -74,20 +73,12 @@ class HierarchicalSGD(Strategy):
             return
         self.optimizer_step()
         if self.steps % self.config["level2_period"] == 0:
-            allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+            self.average_parameters()
         elif self.steps % self.config["level1_period"] == 0:
             node_allreduce(self.flat.data, self.topology, op="mean")
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
         """Average parameters over the world unless the last step just did."""
         if self.config["average"] == "parameters" and self.steps % self.config["level2_period"]:
-            allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+            self.average_parameters()
         self.check_finite()
-
-    def state_dict(self) -> dict:
-        """The step counter decides where the periods fall."""
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore the step counter."""
-        self.steps = int(state["steps"])

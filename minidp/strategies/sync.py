@@ -33,5 +33,6 @@ class SyncSGD(Strategy):
 
     def step(self, batch: int) -> None:
         """Average the gradients over every rank, then update."""
+        self.steps += 1
         allreduce(self.flat.grad, self.topology, self.algorithm, op="mean")
         self.optimizer_step()
