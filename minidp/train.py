@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 import minidp
-from minidp import Tensor, checkpoint, layers, no_grad, strategies, threads
+from minidp import Tensor, backend, checkpoint, layers, no_grad, strategies, threads
 from minidp import functional as F
 from minidp.comm import NetworkModel, Topology, allreduce, guard, set_network_model
 from minidp.config import TrainConfig
@@ -56,6 +56,9 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, comm: MPI.Comm | None = None) -> None:
         self.config = config.check()
+        if backend.get_backend() != "numpy":
+            raise ValueError(f"backend: got {backend.get_backend()!r}, allowed: 'numpy'; the "
+                             "strategies keep their buffers in host shared-memory windows")
         if config.comm_timeout is not None:
             guard.set_timeout(config.comm_timeout)
         self.topology = Topology(comm, config.ranks_per_node)
