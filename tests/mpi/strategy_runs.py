@@ -6,7 +6,7 @@ from mpi4py import MPI
 from minidp import Tensor, layers, strategies
 from minidp import functional as F
 from minidp.comm import Topology
-from minidp.optim import SGD
+from minidp.optim import LARS, SGD
 
 world = MPI.COMM_WORLD
 _topologies = {}
@@ -34,7 +34,11 @@ def global_batch(epoch, batch, ranks, per_rank=PER_RANK):
 def build(name, topo, optimizer=None, **options):
     layers.manual_seed(0)
     model = layers.mlp(FEATURES, (10,), CLASSES).to(np.float64)
-    opt = SGD(model.parameters(), lr=0.1, **(optimizer or {}))
+    optimizer = dict(optimizer or {})
+    if optimizer.pop("lars", False):
+        opt = LARS(model.parameters(), lr=2.0, **optimizer)
+    else:
+        opt = SGD(model.parameters(), lr=0.1, **optimizer)
     return strategies.get(name, model, opt, topo, **options)
 
 

@@ -40,6 +40,19 @@ def test_reduces_to_sync(case, optimizer):
         assert np.abs(got - run("sync", ranks_per_node, epochs=1)[0]).max() > 1e-3  # it moved
 
 
+def test_hsgd_applies_lars_to_the_averaged_gradient():
+    lars = {"lars": True, "momentum": 0.9, "weight_decay": 1e-3}
+    for ranks_per_node in layouts():
+        expected, _ = run("sync", ranks_per_node, optimizer=lars)
+        got, _ = run("hsgd", ranks_per_node, optimizer=lars)
+        assert same_on_every_rank(got)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+        # LARS per replica on local gradients (parameter averaging) is another algorithm
+        local, _ = run("hsgd", ranks_per_node, optimizer=lars, average="parameters")
+        if world.size > 1:
+            assert np.abs(local - expected).max() > 1e-9
+
+
 def test_sync_is_bitwise_identical_on_every_rank_for_every_algorithm():
     results = [run("sync", 2 if world.size % 2 == 0 else 1, allreduce=a)[0]
                for a in ("mpi", "ring", "recursive_doubling", "hierarchical_leader")]
