@@ -124,6 +124,24 @@ def _number(name: str, value: Any, ok: Any, allowed: str) -> None:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+HELP = {
+    "model": f"one of {', '.join(MODELS)}", "dataset": f"one of {', '.join(DATASETS)}",
+    "strategy": "sync, hsgd, hbsgd or daso",
+    "batch_size": "samples per worker per step (default 64)",
+    "global_batch_size": "samples per step over all workers (instead of --batch-size)",
+    "optimizer": "sgd or lars", "schedule": "constant, cosine, step or poly (per step)",
+    "warmup_epochs": "linear learning-rate warm-up", "ranks_per_node": "virtual nodes of "
+    "this many consecutive ranks (default: the real shared-memory nodes)",
+    "net_latency_us": "model: latency per inter-node message",
+    "net_bandwidth_gbps": "model: inter-node bandwidth (0: unlimited)",
+    "reader": "mpiio, memory, leader or strided", "dtype": "float32 or float64",
+    "train_samples": "use the first N training samples", "test_samples": "the first N test "
+    "samples", "allreduce": f"sync's algorithm: {', '.join(ALLREDUCE_ALGORITHMS)}",
+    "out": "output directory", "data_dir": "where NAME-train.mdp / NAME-test.mdp live",
+    "checkpoint_every": "write a checkpoint every N epochs (0: never)",
+    "stop_after": "stop after N epochs of this job (resume later)",
+    "comm_timeout": "seconds a rank waits for others before naming the missing ones",
+}
 
 
 def parse_set(items: list[str], strategy: str) -> dict[str, str]:
@@ -173,7 +191,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             continue
         kind = {"int | None": int, "float | None": float}.get(str(f.type), None)
         kind = kind or {"int": int, "float": float, "str": str}[str(f.type)]
-        add(f"--{_flag(name)}", type=kind, **opt, help=f"(default {f.default})")
+        add(f"--{_flag(name)}", type=kind, **opt,
+            help=(HELP.get(name, "") + ("" if f.default is None else
+                                        f" (default {f.default})")).strip())
     add("--nesterov", action="store_true", **opt, help="Nesterov momentum")
     add("--resume", action="store_true", **opt, help="continue from the latest checkpoint")
     add("--no-progress", dest="progress", action="store_false", **opt, help="no progress bar")
