@@ -20,8 +20,9 @@ PHASES = ("data", "forward", "backward", "comm_intra", "comm_inter", "wait", "op
 class Tracer:
     """Per-rank timing and counting; cheap enough to stay on during training."""
 
-    def __init__(self, rank: int = 0, record_events: bool = True) -> None:
-        self.rank, self.record_events = rank, record_events
+    def __init__(self, rank: int = 0, record_events: bool = True,
+                 max_events: int = 200_000) -> None:
+        self.rank, self.record_events, self.max_events = rank, record_events, max_events
         self.origin = time.perf_counter()
         self.seconds: dict[str, float] = defaultdict(float)
         self.counters: dict[str, int] = defaultdict(int)
@@ -36,7 +37,8 @@ class Tracer:
         finally:
             end = time.perf_counter()
             self.seconds[name] += end - start
-            if self.record_events:
+            # Long runs keep their first max_events events: the trace stays loadable.
+            if self.record_events and len(self.events) < self.max_events:
                 self.events.append({"name": name, "ph": "X", "pid": self.rank, "tid": 0,
                                     "ts": (start - self.origin) * 1e6,
                                     "dur": (end - start) * 1e6, "args": args})

@@ -132,17 +132,18 @@ class DASO(Strategy):
         last = self.batches - 1
         if batch == last or B == 0 or batch % B == 0:
             self.send(batch, 0 if batch == last else min(S, last - batch))
-        elif (batch + 1) % B == 0:
-            self.force_local = True
-        elif self.in_flight is not None and batch == self.in_flight.receive_at:
-            self.receive()
+            return
+        if self.in_flight is not None and batch == self.in_flight.receive_at:
+            self.receive(batch)
             if self.schedule.local_skip > 1:
                 self.force_local = False
+        if (batch + 1) % B == 0:
+            self.force_local = True  # the batch before a send syncs its node
 
     def send(self, batch: int, wait: int) -> None:
         """Start a global sync on the next rail; blocking (and finished here) if wait == 0."""
         if self.in_flight is not None:
-            self.receive()  # never two syncs in flight
+            self.receive(batch)  # never two syncs in flight
         rail = self.sends % self.topology.local_size
         self.sends += 1
         self.sent_on.append((batch, rail))
@@ -163,10 +164,10 @@ class DASO(Strategy):
             request = rail_iallreduce(self.send_buffer, self.topology, op="sum")
         self.in_flight = _InFlight(rail, batch + wait, wait, request)
 
-    def receive(self) -> None:
+    def receive(self, batch: int) -> None:
         """Merge the finished global sum into the current parameters; share in the node."""
         flight, self.in_flight = self.in_flight, None
-        self.received_on.append(flight.receive_at)
+        self.received_on.append(batch)
         x = self.flat.data
         if flight.request is not None:
             flight.request.wait()

@@ -24,7 +24,7 @@ def test_merge_formula_on_known_node_values():
     s.flat.data[...] = t.node_id + 1.0                  # node p sends x_p = p + 1
     s.send(batch=0, wait=2)
     s.flat.data[...] = 10.0 * (t.node_id + 1) + t.local_rank  # drifted on since
-    s.receive()
+    s.receive(batch=2)
     wait, nodes = 2, t.num_nodes
     sent_sum = sum(p + 1.0 for p in range(nodes))
     x_local_of_rail0 = 10.0 * (t.node_id + 1)           # rail 0 = local rank 0 merges
