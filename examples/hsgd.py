@@ -8,7 +8,7 @@ of the LARS paper (warm-up, then polynomial decay of power 2) runs on top, LARS
 applied to the averaged gradient. The same from the command line::
 
     .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m minidp train --strategy hsgd \
-        --ranks-per-node 2 --optimizer lars --lr 4 --schedule poly --warmup-epochs 1
+        --ranks-per-node 2 --optimizer lars --lr 20 --schedule poly --warmup-epochs 1
 """
 
 from mpi4py import MPI
@@ -17,7 +17,7 @@ from minidp.config import TrainConfig
 from minidp.train import Trainer
 
 config = TrainConfig(model="lenet5", dataset="fashion-mnist", strategy="hsgd", epochs=4,
-                     batch_size=64, optimizer="lars", lr=4.0, momentum=0.9,
+                     batch_size=64, optimizer="lars", lr=20.0, momentum=0.9,
                      trust_coefficient=0.001, weight_decay=5e-4, schedule="poly",
                      warmup_epochs=1, ranks_per_node=2, out="runs/example-hsgd",
                      options={"average": "gradients"})

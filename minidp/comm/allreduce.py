@@ -63,6 +63,11 @@ def sum_rows(rows: np.ndarray, out: np.ndarray) -> None:
         out += row
 
 
+def node_bytes(buf: np.ndarray, topology: Topology) -> int:
+    """Bytes a rank moves through the node's shared memory: none when it is alone."""
+    return buf.nbytes if topology.local_size > 1 else 0
+
+
 def chunk_bounds(n: int, parts: int) -> list[int]:
     """Boundaries of ``parts`` contiguous chunks of n elements, sizes differing by <= 1."""
     return [i * n // parts for i in range(parts + 1)]
@@ -168,7 +173,7 @@ def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
            writes the result into every segment; sync
         3. every rank reads its own segment
     """
-    with charged("intra", "node_reduce", 0, buf.nbytes):
+    with charged("intra", "node_reduce", 0, node_bytes(buf, topology)):
         shared, zero_copy = _node_window(buf, topology)
         shared.sync()
     if topology.is_leader and buf.size:
@@ -180,7 +185,7 @@ def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
                 guard.wait(topology.leaders.Iallreduce(MPI.IN_PLACE, total, op=MPI.SUM),
                            topology.leaders, "leaders allreduce")
         shared.whole[...] = total
-    with charged("intra", "node_broadcast", 0, buf.nbytes):
+    with charged("intra", "node_broadcast", 0, node_bytes(buf, topology)):
         shared.sync()
         if not zero_copy:
             buf[...] = shared.segment
@@ -242,13 +247,13 @@ def hierarchical_allreduce(buf: np.ndarray, topology: Topology) -> None:
     Zero-copy when the buffer is this rank's segment (:func:`shared_buffer`).
     """
     across = topology.num_nodes > 1
-    with charged("intra", "node_reduce", 0, buf.nbytes):
+    with charged("intra", "node_reduce", 0, node_bytes(buf, topology)):
         shared, zero_copy, mine, part = _slice_reduce(buf, topology, broadcast=not across)
     if across and part.size:
         with charged("inter", "rail_allreduce", *ring_traffic(topology.num_nodes, part.nbytes)):
             guard.wait(topology.cross.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM),
                        topology.cross, "rail allreduce")
-    with charged("intra", "node_broadcast", 0, buf.nbytes):
+    with charged("intra", "node_broadcast", 0, node_bytes(buf, topology)):
         _slice_finish(buf, shared, zero_copy, mine, broadcast=across)
 
 
@@ -353,7 +358,7 @@ def iallreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarc
         request = topology.world.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
         return AllreduceRequest(request, topology.world, pending,
                                 lambda: _finish(buffer, topology, op, False))
-    with charged("intra", "node_reduce", 0, buffer.nbytes):
+    with charged("intra", "node_reduce", 0, node_bytes(buffer, topology)):
         shared, zero_copy, mine, part = _slice_reduce(buffer, topology, broadcast=not across)
     comm = topology.cross if across else MPI.COMM_SELF
     traffic = ring_traffic(topology.num_nodes, part.nbytes)
@@ -361,7 +366,7 @@ def iallreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarc
     request = comm.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM)
 
     def finish() -> None:
-        with charged("intra", "node_broadcast", 0, buffer.nbytes):
+        with charged("intra", "node_broadcast", 0, node_bytes(buffer, topology)):
             _slice_finish(buffer, shared, zero_copy, mine, broadcast=across)
         _finish(buffer, topology, op, False)
     return AllreduceRequest(request, comm, pending, finish)

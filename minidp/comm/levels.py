@@ -20,6 +20,7 @@ from minidp.comm.allreduce import (
     _check,
     _slice_finish,
     _slice_reduce,
+    node_bytes,
 )
 from minidp.comm.network import Pending, charged, ring_traffic
 from minidp.comm.topology import Topology
@@ -42,7 +43,7 @@ def node_allreduce(buffer: np.ndarray, topology: Topology, op: str = "mean") -> 
     """
     _check(buffer, "hierarchical", op, topology.rank)
     guard.check_same(topology.node, f"node allreduce {op}", buffer)
-    with charged("intra", "node_allreduce", 0, buffer.nbytes):
+    with charged("intra", "node_allreduce", 0, node_bytes(buffer, topology)):
         if topology.local_size > 1 and buffer.size:
             shared, zero_copy, mine, _ = _slice_reduce(buffer, topology, broadcast=True)
             _slice_finish(buffer, shared, zero_copy, mine, broadcast=False)

@@ -41,6 +41,7 @@ def test_inter_node_allreduce_takes_at_least_the_modelled_time(algorithm):
     assert tracer.counters["bytes_inter"] == int(nbytes)
     assert tracer.counters["messages_inter"] == messages
     assert tracer.seconds["comm_inter"] >= MODEL.seconds(messages, nbytes)
+    assert tracer.counters["bytes_intra"] == 0  # alone on its node: nothing shared
     np.testing.assert_array_equal(buf, world.size)
 
 
