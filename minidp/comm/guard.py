@@ -52,11 +52,6 @@ def set_debug(on: bool) -> None:
     _settings["debug"] = bool(on)
 
 
-def debug() -> bool:
-    """Whether the collective consistency checks are on."""
-    return _settings["debug"]
-
-
 class _Board:
     """One record per rank of the real node: what that rank is waiting in, if anything."""
 

@@ -3,14 +3,15 @@
 The Trainer drives a strategy through a small interface, the same for the synchronous
 family here and the asynchronous and elastic ones that stand on it:
 
-* ``is_worker``: whether this rank trains (a parameter server rank instead runs
-  :meth:`Strategy.serve` until every worker has stopped);
 * ``plan(total_epochs)`` once; ``begin_epoch(epoch, batches)``, then per batch, after
   backward, ``step(batch)``, then ``end_epoch(epoch, train_loss)`` with the loss
   averaged over all workers;
 * ``batch_size(base)``: the samples this worker takes next (dynamic batch sizes);
 * ``consensus()``: the parameters the run's result is (model.npz, evaluation);
 * ``state_dict()`` / ``load_state_dict()``: what a checkpoint must hold to resume exactly.
+
+The asynchronous families will add a server role (some ranks run a serve loop
+instead of training) on top of this interface.
 
 Options are declared per class as :class:`Option` (type, default, allowed range) and
 checked on construction; ``--set NAME.option=value`` strings are converted here.
@@ -25,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from minidp.comm import ALLREDUCE_ALGORITHMS, Topology, allreduce, guard, shared_buffer
+from minidp.comm import ALLREDUCE_ALGORITHMS, Topology, allreduce, shared_buffer
 from minidp.layers import Module
 from minidp.optim.optimizer import Optimizer
 from minidp.trace import tracer
@@ -134,16 +135,6 @@ class Strategy(abc.ABC):
 
     # -- the interface the Trainer drives -----------------------------------------------
 
-    @property
-    def is_worker(self) -> bool:
-        """Whether this rank trains (synchronous strategies: every rank)."""
-        return True
-
-    def serve(self) -> None:
-        """The loop of a server rank; strategies with a server role override it."""
-        raise RuntimeError(f"rank {self.topology.rank}: strategy {self.name!r} has no server "
-                           "role; every rank is a worker")
-
     def batch_size(self, base: int) -> int:
         """Samples this worker takes for its next step (fixed for synchronous strategies)."""
         return base
@@ -191,7 +182,3 @@ class Strategy(abc.ABC):
         if not np.all(np.isfinite(self.flat.data)):
             raise FloatingPointError(f"rank {self.topology.rank}: parameters are not finite "
                                      f"after a sync in epoch {self.epoch + 1}; lower --lr")
-
-    def check_same_call(self, operation: str) -> None:
-        """Debug mode: every rank must be at the same operation of the same size."""
-        guard.check_same(self.topology.world, operation, self.flat.data)
