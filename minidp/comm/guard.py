@@ -64,7 +64,8 @@ class _Board:
         memory = MPI.buffer.fromaddress(base.address, n * _RECORD.itemsize)
         self.records = np.ndarray(buffer=memory, dtype=_RECORD, shape=(n,))
         self.mine = self.records[self.node.Get_rank()]
-        self.mine["waiting"], self.mine["label"], self.mine["since"] = 0, b"start", time.time()
+        self.mine["waiting"], self.mine["count"] = 0, 0
+        self.mine["label"], self.mine["since"] = b"start", time.time()
         # world rank -> slot on this node (absent: another real node)
         self.slots = {w: s for s, w in enumerate(self.node.allgather(world.Get_rank()))}
         self.counts: dict[str, int] = {}
