@@ -81,15 +81,12 @@ class TrainConfig:
         """Raise ValueError/TypeError naming the first bad setting; returns self."""
         choices = {"model": tuple(MODELS), "dataset": DATASETS, "optimizer": OPTIMIZERS,
                    "schedule": SCHEDULES, "reader": READERS, "dtype": DTYPES,
-                   "allreduce": ALLREDUCE_ALGORITHMS}
+                   "allreduce": ALLREDUCE_ALGORITHMS, "strategy": tuple(names())}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{_flag(name)}: got {getattr(self, name)!r}, allowed: "
                                  f"{', '.join(allowed)}")
-        if self.strategy not in names():
-            raise ValueError(f"--strategy: got {self.strategy!r}, allowed: {', '.join(names())}")
-        cls = strategy_class(self.strategy)
-        self.options = cls.parse_options(self.options)
+        self.options = strategy_class(self.strategy).parse_options(self.options)
         _positive("epochs", self.epochs)
         for name in ("batch_size", "global_batch_size", "train_samples", "test_samples",
                      "ranks_per_node", "stop_after"):

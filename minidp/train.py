@@ -213,7 +213,8 @@ class Trainer:
         comm = sum(tr.seconds.get(p, 0.0) for p in ("comm_intra", "comm_inter", "wait"))
         seconds = np.array([tr.seconds.get(p, 0.0) for p in PHASES] +
                            [comm, time.perf_counter() - started])
-        self.topology.world.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
+        world = self.topology.world
+        guard.wait(world.Iallreduce(MPI.IN_PLACE, seconds, op=MPI.MAX), world, "epoch timers")
         train_loss = self._world_sum(np.array([loss_sum / self.batches]))[0] / self.size
         self.strategy.end_epoch(epoch, float(train_loss))
         self._average_buffers()
@@ -233,7 +234,7 @@ class Trainer:
 
     def _average_buffers(self) -> None:
         """BatchNorm statistics: averaged over ranks at each epoch's end (one model)."""
-        buffers = [b for _, b in self.model.named_buffers() if b.dtype.kind == "f"]
+        buffers = self.strategy.float_buffers()
         if buffers:
             flat = self._world_sum(np.concatenate([b.reshape(-1) for b in buffers]))
             offset = 0

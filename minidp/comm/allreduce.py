@@ -196,7 +196,7 @@ def hierarchical_leader_allreduce(buf: np.ndarray, topology: Topology) -> None:
 _BLOCK = 1 << 15
 
 
-def _slice_reduce(buf: np.ndarray, topology: Topology, broadcast: bool
+def slice_reduce(buf: np.ndarray, topology: Topology, broadcast: bool
                   ) -> tuple[SharedArray, bool, slice, np.ndarray]:
     """Sum this local rank's slice over the node's segments, into row 0 of the window.
 
@@ -220,7 +220,7 @@ def _slice_reduce(buf: np.ndarray, topology: Topology, broadcast: bool
     return shared, zero_copy, mine, whole[0, mine]
 
 
-def _slice_finish(buf: np.ndarray, shared: SharedArray, zero_copy: bool, mine: slice,
+def slice_finish(buf: np.ndarray, shared: SharedArray, zero_copy: bool, mine: slice,
                   broadcast: bool) -> None:
     """Copy the finished slice into every row (unless done already); sync; read back."""
     if broadcast:
@@ -248,13 +248,13 @@ def hierarchical_allreduce(buf: np.ndarray, topology: Topology) -> None:
     """
     across = topology.num_nodes > 1
     with charged("intra", "node_reduce", 0, node_bytes(buf, topology)):
-        shared, zero_copy, mine, part = _slice_reduce(buf, topology, broadcast=not across)
+        shared, zero_copy, mine, part = slice_reduce(buf, topology, broadcast=not across)
     if across and part.size:
         with charged("inter", "rail_allreduce", *ring_traffic(topology.num_nodes, part.nbytes)):
             guard.wait(topology.cross.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM),
                        topology.cross, "rail allreduce")
     with charged("intra", "node_broadcast", 0, node_bytes(buf, topology)):
-        _slice_finish(buf, shared, zero_copy, mine, broadcast=across)
+        slice_finish(buf, shared, zero_copy, mine, broadcast=across)
 
 
 _ALGORITHMS = {"mpi": mpi_allreduce, "ring": ring_allreduce,
@@ -275,7 +275,8 @@ def _doubling_traffic(ranks: int, nbytes: int) -> tuple[int, float]:
 _FLAT = {"mpi": ring_traffic, "ring": ring_traffic, "recursive_doubling": _doubling_traffic}
 
 
-def _check(buffer: Any, algorithm: str, op: str, rank: int) -> None:
+def check_buffer(buffer: Any, algorithm: str, op: str, rank: int) -> None:
+    """Raise (naming the rank) unless algorithm, op and buffer are ones allreduce takes."""
     if algorithm not in _ALGORITHMS:
         raise ValueError(f"rank {rank}: allreduce algorithm {algorithm!r}, allowed: "
                          f"{', '.join(ALLREDUCE_ALGORITHMS)}")
@@ -300,7 +301,7 @@ def _finish(buffer: np.ndarray, topology: Topology, op: str, check_finite: bool)
 def allreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarchical",
               op: str = "sum", check_finite: bool = False) -> np.ndarray:
     """Reduce ``buffer`` in place over all ranks of ``topology.world``; returns it."""
-    _check(buffer, algorithm, op, topology.rank)
+    check_buffer(buffer, algorithm, op, topology.rank)
     guard.check_same(topology.world, f"allreduce {algorithm} {op}", buffer)
     if algorithm in _FLAT:
         level = "inter" if topology.num_nodes > 1 else "intra"
@@ -349,7 +350,7 @@ def iallreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarc
     if algorithm not in ("mpi", "hierarchical"):
         raise ValueError(f"rank {topology.rank}: non-blocking allreduce algorithm "
                          f"{algorithm!r}, allowed: 'mpi', 'hierarchical'")
-    _check(buffer, algorithm, op, topology.rank)
+    check_buffer(buffer, algorithm, op, topology.rank)
     guard.check_same(topology.world, f"iallreduce {algorithm} {op}", buffer)
     across = topology.num_nodes > 1
     level = "inter" if across else "intra"
@@ -359,7 +360,7 @@ def iallreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarc
         return AllreduceRequest(request, topology.world, pending,
                                 lambda: _finish(buffer, topology, op, False))
     with charged("intra", "node_reduce", 0, node_bytes(buffer, topology)):
-        shared, zero_copy, mine, part = _slice_reduce(buffer, topology, broadcast=not across)
+        shared, zero_copy, mine, part = slice_reduce(buffer, topology, broadcast=not across)
     comm = topology.cross if across else MPI.COMM_SELF
     traffic = ring_traffic(topology.num_nodes, part.nbytes)
     pending = Pending(level, "rail iallreduce", *traffic)
@@ -367,6 +368,6 @@ def iallreduce(buffer: np.ndarray, topology: Topology, algorithm: str = "hierarc
 
     def finish() -> None:
         with charged("intra", "node_broadcast", 0, node_bytes(buffer, topology)):
-            _slice_finish(buffer, shared, zero_copy, mine, broadcast=across)
+            slice_finish(buffer, shared, zero_copy, mine, broadcast=across)
         _finish(buffer, topology, op, False)
     return AllreduceRequest(request, comm, pending, finish)

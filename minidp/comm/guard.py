@@ -71,12 +71,15 @@ class _Board:
         self.counts: dict[str, int] = {}
         self.node.Barrier()
 
-    def enter(self, label: str) -> tuple[str, int]:
+    def call(self, label: str) -> int:
+        """Number this rank's calls per label, finished at once or not, so ranks agree."""
         count = self.counts.get(label, 0) + 1
         self.counts[label] = count
+        return count
+
+    def enter(self, label: str, count: int) -> None:
         self.mine["count"], self.mine["label"] = count, label.encode()[:104]
         self.mine["since"], self.mine["waiting"] = time.time(), 1
-        return label, count
 
     def leave(self) -> None:
         self.mine["waiting"], self.mine["since"] = 0, time.time()
@@ -113,11 +116,13 @@ def ensure_board(world: MPI.Comm) -> None:
 
 def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
     """Complete ``request`` (a collective on ``comm``), or raise CommTimeout past the timeout."""
-    if request.Test():
-        return
     board = _board.get("board")
     label = f"{operation} on {comm.Get_name()}"
-    token = board.enter(label) if board else (label, 0)
+    count = board.call(label) if board else 0
+    if request.Test():
+        return
+    if board:
+        board.enter(label, count)
     deadline = time.monotonic() + _settings["timeout"]
     polls = 0
     while not request.Test():
@@ -126,7 +131,7 @@ def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
             # Ranks may outnumber cores: let the rank we wait for run.
             os.sched_yield()
         if time.monotonic() > deadline:
-            details = board.missing(comm, *token) if board else ["(no status board)"]
+            details = board.missing(comm, label, count) if board else ["(no status board)"]
             raise CommTimeout(f"rank {MPI.COMM_WORLD.Get_rank()}: {label!r} waited "
                               f"{_settings['timeout']:g} s (MINIDP_COMM_TIMEOUT); "
                               + "; ".join(details))

@@ -17,10 +17,10 @@ from minidp.comm import guard
 from minidp.comm.allreduce import (
     OPS,
     AllreduceRequest,
-    _check,
-    _slice_finish,
-    _slice_reduce,
+    check_buffer,
     node_bytes,
+    slice_finish,
+    slice_reduce,
 )
 from minidp.comm.network import Pending, charged, ring_traffic
 from minidp.comm.topology import Topology
@@ -41,12 +41,12 @@ def node_allreduce(buffer: np.ndarray, topology: Topology, op: str = "mean") -> 
     slice k of all segments and copies it back into each; sync. No message leaves the
     node. Zero-copy when ``buffer`` is a :func:`shared_buffer` segment.
     """
-    _check(buffer, "hierarchical", op, topology.rank)
+    check_buffer(buffer, "hierarchical", op, topology.rank)
     guard.check_same(topology.node, f"node allreduce {op}", buffer)
     with charged("intra", "node_allreduce", 0, node_bytes(buffer, topology)):
         if topology.local_size > 1 and buffer.size:
-            shared, zero_copy, mine, _ = _slice_reduce(buffer, topology, broadcast=True)
-            _slice_finish(buffer, shared, zero_copy, mine, broadcast=False)
+            shared, zero_copy, mine, _ = slice_reduce(buffer, topology, broadcast=True)
+            slice_finish(buffer, shared, zero_copy, mine, broadcast=False)
     return _divide(buffer, op, topology.local_size)
 
 
@@ -56,7 +56,7 @@ def rail_allreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> n
     Only the ranks of one rail call it; the other rails are free. Charged as a ring
     over the P nodes: 2(P-1) messages, 2(P-1)/P of the bytes.
     """
-    _check(buffer, "mpi", op, topology.rank)
+    check_buffer(buffer, "mpi", op, topology.rank)
     guard.check_same(topology.cross, f"rail allreduce {op}", buffer)
     if topology.num_nodes > 1:
         with charged("inter", "rail_allreduce", *ring_traffic(topology.num_nodes,
@@ -72,7 +72,7 @@ def rail_iallreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> 
     The network model's time runs from now, so the batches computed before ``wait()``
     hide it; whatever is left is slept in ``wait()`` under the phase ``wait``.
     """
-    _check(buffer, "mpi", op, topology.rank)
+    check_buffer(buffer, "mpi", op, topology.rank)
     guard.check_same(topology.cross, f"rail iallreduce {op}", buffer)
     level = "inter" if topology.num_nodes > 1 else "intra"
     pending = Pending(level, "rail iallreduce", *ring_traffic(topology.num_nodes, buffer.nbytes))

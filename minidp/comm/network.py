@@ -65,6 +65,14 @@ def ring_traffic(ranks: int, nbytes: int) -> tuple[int, float]:
     return 2 * (ranks - 1), 2 * (ranks - 1) / ranks * nbytes
 
 
+def _account(level: str, messages: int, nbytes: float) -> None:
+    """Count one operation's bytes and messages on the tracer under its level."""
+    if level not in LEVELS:
+        raise ValueError(f"level: got {level!r}, allowed: {LEVELS}")
+    tracer().count(f"bytes_{level}", int(nbytes))
+    tracer().count(f"messages_{level}", messages)
+
+
 class Pending:
     """An operation in flight (a non-blocking collective): counted now, charged at its wait.
 
@@ -74,13 +82,10 @@ class Pending:
     """
 
     def __init__(self, level: str, operation: str, messages: int, nbytes: float) -> None:
-        if level not in LEVELS:
-            raise ValueError(f"level: got {level!r}, allowed: {LEVELS}")
+        _account(level, messages, nbytes)
         self.level, self.operation = level, operation
         self.model_s = network_model().seconds(messages, nbytes) if level == "inter" else 0.0
         self.start = time.perf_counter()
-        tracer().count(f"bytes_{level}", int(nbytes))
-        tracer().count(f"messages_{level}", messages)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
@@ -95,10 +100,8 @@ class Pending:
 @contextlib.contextmanager
 def charged(level: str, operation: str, messages: int, nbytes: float) -> Iterator[None]:
     """Time, count and (inter-node) charge one communication operation."""
-    if level not in LEVELS:
-        raise ValueError(f"level: got {level!r}, allowed: {LEVELS}")
-    t = tracer()
-    with t.phase(f"comm_{level}", op=operation, bytes=nbytes, messages=messages):
+    _account(level, messages, nbytes)
+    with tracer().phase(f"comm_{level}", op=operation, bytes=nbytes, messages=messages):
         # Measured inside the phase, so the phase itself lasts at least the model's time.
         start = time.perf_counter()
         yield
@@ -106,5 +109,3 @@ def charged(level: str, operation: str, messages: int, nbytes: float) -> Iterato
             remainder = network_model().seconds(messages, nbytes) - (time.perf_counter() - start)
             if remainder > 0:
                 time.sleep(remainder)
-    t.count(f"bytes_{level}", int(nbytes))
-    t.count(f"messages_{level}", messages)

@@ -121,10 +121,11 @@ class Strategy(abc.ABC):
             raise ValueError(f"rank {self.topology.rank} has {self.flat.size} parameters, rank "
                              f"0 has {sizes[0]}: every rank must build the same model")
         self.topology.world.Bcast(self.flat.data, root=0)
-        for buffer in self._float_buffers():
+        for buffer in self.float_buffers():
             self.topology.world.Bcast(buffer, root=0)
 
-    def _float_buffers(self) -> list[np.ndarray]:
+    def float_buffers(self) -> list[np.ndarray]:
+        """The model's floating-point buffers (BatchNorm statistics), in a fixed order."""
         return [b for _, b in self.model.named_buffers()
                 if isinstance(b, np.ndarray) and b.dtype.kind == "f"]
 
