@@ -1,5 +1,9 @@
-"""Everything that calls MPI for training: topology, shared memory, collectives."""
+"""Everything that calls MPI for training: topology, shared memory, collectives, messages.
 
+Point-to-point messages are a module of their own: ``minidp.comm.p2p.send(...)``.
+"""
+
+from minidp.comm import p2p
 from minidp.comm.allreduce import (
            ALLREDUCE_ALGORITHMS,
            AllreduceRequest,
@@ -7,11 +11,17 @@ from minidp.comm.allreduce import (
            iallreduce,
            shared_buffer,
 )
-from minidp.comm.levels import node_allreduce, node_broadcast, rail_allreduce, rail_iallreduce
+from minidp.comm.levels import (
+    broadcast,
+    node_allreduce,
+    node_broadcast,
+    rail_allreduce,
+    rail_iallreduce,
+)
 from minidp.comm.network import NetworkModel, set_network_model
 from minidp.comm.shared import SharedArray
 from minidp.comm.topology import Topology
 
 __all__ = ["ALLREDUCE_ALGORITHMS", "AllreduceRequest", "NetworkModel", "SharedArray", "Topology",
-           "allreduce", "iallreduce", "node_allreduce", "node_broadcast", "rail_allreduce",
-           "rail_iallreduce", "set_network_model", "shared_buffer"]
+           "allreduce", "broadcast", "iallreduce", "node_allreduce", "node_broadcast",
+           "p2p", "rail_allreduce", "rail_iallreduce", "set_network_model", "shared_buffer"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,96 @@ def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
 def barrier(comm: MPI.Comm, operation: str = "barrier") -> None:
     """A barrier that times out naming the ranks that never arrived."""
     wait(comm.Ibarrier(), comm, operation)
+
+
+def _peer_states(board: _Board, comm: MPI.Comm, peers: list[int]) -> list[str]:
+    """What the status board says each of ``peers`` (ranks of ``comm``) is or was last in."""
+    group, board_group = comm.Get_group(), board.world.Get_group()
+    members = MPI.Group.Translate_ranks(group, list(peers), board_group)
+    group.Free()
+    board_group.Free()
+    now, lines = time.time(), []
+    for peer, world_rank in zip(peers, members):
+        slot = board.slots.get(world_rank)
+        if slot is None:
+            lines.append(f"rank {peer}: on another node, state not visible here")
+            continue
+        rec = board.records[slot]
+        state = "waiting in" if rec["waiting"] else "last in"
+        label = rec["label"].decode(errors="replace")
+        lines.append(f"rank {peer}: {state} {label!r} #{rec['count']}, "
+                     f"{now - rec['since']:.1f} s ago")
+    return lines
+
+
+def _poll_peers(done: Callable[[], bool], comm: MPI.Comm, peers: list[int],
+                operation: str) -> None:
+    """Call ``done`` until it is true, on the status board as ``operation``, or time out."""
+    board = _board.get("board")
+    count = board.call(operation) if board else 0
+    if done():
+        return
+    if board:
+        board.enter(operation, count)
+    try:
+        deadline = time.monotonic() + _settings["timeout"]
+        polls = 0
+        # MPICH moves point-to-point data only inside MPI calls: each poll is progress.
+        while not done():
+            polls += 1
+            if polls > 64:
+                # Ranks may outnumber cores: let the peer we wait for run.
+                os.sched_yield()
+            if time.monotonic() > deadline:
+                details = (_peer_states(board, comm, peers) if board
+                           else ["(no status board)"])
+                raise CommTimeout(f"rank {comm.Get_rank()}: {operation!r} waited "
+                                  f"{_settings['timeout']:g} s (MINIDP_COMM_TIMEOUT); "
+                                  + "; ".join(details))
+    finally:
+        # A caller that handles the timeout goes on: the board must not say it still waits.
+        if board:
+            board.leave()
+
+
+def wait_peer(request: MPI.Request, comm: MPI.Comm, peers: list[int], operation: str,
+              status: MPI.Status | None = None) -> None:
+    """Complete a point-to-point request, or raise CommTimeout naming the silent peers.
+
+    Unlike :func:`wait`, the ranks named on a timeout are only ``peers`` (those that
+    could complete the request), each with what the status board says it is doing.
+    The request is left as it is on a timeout: cancelling it is the caller's choice.
+
+    Args:
+        request: an ``Isend`` or ``Irecv`` request on ``comm``.
+        comm: the communicator whose ranks ``peers`` are.
+        peers: the ranks that could complete it (the destination, or the possible sources).
+        operation: what this rank is doing, shown on the status board and in the timeout
+            (e.g. ``"recv parameters from rank 2"``).
+        status: filled with the source, tag and size of a completed receive.
+    """
+    _poll_peers(lambda: request.Test(status), comm, peers, operation)
+
+
+def probe_peer(comm: MPI.Comm, source: int, tag: int, peers: list[int],
+               operation: str) -> MPI.Status:
+    """Wait (polling ``Iprobe``) until a message can be received; return its status.
+
+    Nothing is received and nothing is left posted, so a timeout leaves ``comm`` clean.
+
+    Args:
+        comm: the communicator to probe.
+        source: the rank the message must come from, or ``MPI.ANY_SOURCE``.
+        tag: the tag it must carry, or ``MPI.ANY_TAG``.
+        peers: the ranks that could send it, named on a timeout.
+        operation: what this rank is doing, for the status board and the timeout.
+
+    Returns:
+        The status of the first matching message: source, tag and size.
+    """
+    status = MPI.Status()
+    _poll_peers(lambda: comm.Iprobe(source, tag, status), comm, peers, operation)
+    return status
 
 
 def check_same(comm: MPI.Comm, operation: str, buffer: Any = None) -> None:

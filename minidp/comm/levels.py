@@ -91,3 +91,24 @@ def node_broadcast(buffer: np.ndarray, topology: Topology, root: int) -> np.ndar
         with charged("intra", "node_broadcast", 0, buffer.nbytes):
             guard.wait(topology.node.Ibcast(buffer, root=root), topology.node, "node broadcast")
     return buffer
+
+
+def broadcast(buffer: np.ndarray, topology: Topology, root: int = 0,
+              what: str = "broadcast") -> np.ndarray:
+    """Copy ``buffer`` of world rank ``root`` to every rank of the world (``Ibcast``).
+
+    Charged as MPICH's binomial tree: ceil(log2 P) rounds over the P nodes, each moving
+    the whole buffer (inter-node when the world spans nodes, else intra-node).
+    """
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < topology.size:
+        raise ValueError(f"rank {topology.rank}: broadcast root: got {root!r}, allowed: a world "
+                         f"rank in [0, {topology.size})")
+    guard.check_same(topology.world, f"{what} from {root}", buffer)
+    nodes = len(set(topology.nodes_of_ranks))
+    rounds = max(1, (nodes - 1).bit_length()) if topology.size > 1 else 0
+    level = "inter" if nodes > 1 else "intra"
+    if topology.size > 1:
+        sent = buffer.nbytes if topology.rank == root else 0
+        with charged(level, what, rounds if sent else 0, sent * rounds):
+            guard.wait(topology.world.Ibcast(buffer, root=root), topology.world, what)
+    return buffer

@@ -1,70 +1,139 @@
-"""Topology: who shares a node with whom, and the communicators built from it.
+"""Topology: which ranks are servers and which are workers, who shares a node with whom.
 
 ::
 
     world    all ranks
-    node     ranks sharing memory: Split_type(COMM_TYPE_SHARED), or virtual nodes of
-             ranks_per_node consecutive ranks (so P nodes x G ranks run on one machine)
-    cross    the "rail": the ranks with this rank's local rank on every node
+    role     "server" (ranks 0..K-1 when a strategy asks for K servers) or "worker"
+    workers  the worker ranks (the world itself when there are no servers); None on servers
+    node     the workers sharing memory: Split_type(COMM_TYPE_SHARED), or virtual nodes
+             of ranks_per_node consecutive world ranks (so P nodes x G ranks run on one
+             machine); None on servers
+    cross    the "rail": the workers with this worker's local rank on every node
     leaders  local rank 0 of every node (the rail of local rank 0), None elsewhere
 
-Nodes must be even (every node the same size): every hierarchical mean in minidp is
-then a mean of equal groups. An uneven layout is a clear error on every rank.
+Placement is decided over the whole world, servers included: at 4 ranks as 2 x 2 with
+one server, node 0 holds the server (rank 0) and worker 1, node 1 workers 2 and 3.
+``node_of(rank)`` gives any world rank's node, so point-to-point traffic is counted
+and charged by the level it crosses. ``node_id``, ``num_nodes``, ``local_rank`` and
+``local_size`` describe the worker nodes (a node holding only servers has none).
+
+Without servers, nodes must be even (every node the same size): every hierarchical
+mean in minidp is then a mean of equal groups, and an uneven layout is a clear error
+on every rank. With servers the worker nodes may be uneven; the parameter-server
+strategies do not average over nodes.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from mpi4py import MPI
 
 from minidp.comm import guard
 
+ROLES = ("worker", "server")
+
 
 class Topology:
-    """Communicators and numbers of a P-nodes x G-ranks layout.
+    """Roles, communicators and numbers of a P-nodes x G-ranks layout.
 
     Args:
         comm: the world communicator (default ``MPI.COMM_WORLD``).
         ranks_per_node: build virtual nodes of this many consecutive ranks; None uses the
             real shared-memory nodes.
+        servers: how many ranks (the first ones) take the server role.
     """
 
-    def __init__(self, comm: MPI.Comm | None = None, ranks_per_node: int | None = None) -> None:
+    def __init__(self, comm: MPI.Comm | None = None, ranks_per_node: int | None = None,
+                 servers: int = 0) -> None:
         self.world = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
+        if isinstance(servers, bool) or not isinstance(servers, int) or \
+                not 0 <= servers < self.size:
+            raise ValueError(f"rank {self.rank}: servers: got {servers!r}, allowed: 0 to "
+                             f"{self.size - 1} (a world of {self.size} rank(s) needs at least "
+                             "one worker)")
+        self.num_servers = servers
+        self.server_ranks = list(range(servers))
+        self.worker_ranks = list(range(servers, self.size))
+        self.role = "server" if self.rank < servers else "worker"
+        world_node = self._world_node(ranks_per_node)
+        leaders = self.world.allgather(self.rank if world_node.Get_rank() == 0 else None)
+        first = world_node.bcast(self.rank if world_node.Get_rank() == 0 else None)
+        node_index = {r: i for i, r in enumerate(x for x in leaders if x is not None)}
+        self.nodes_of_ranks = self.world.allgather(node_index[first])
+        world_node.Free()
+        self._build_worker_levels()
+        # Names appear in timeout and debug messages.
+        if self.node is not None:
+            self.node.Set_name(f"node {self.node_id}")
+            self.cross.Set_name(f"rail {self.local_rank}")
+        guard.ensure_board(self.world)
+
+    def _world_node(self, ranks_per_node: int | None) -> MPI.Comm:
         if ranks_per_node is None:
-            self.node = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            return self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or \
+                ranks_per_node < 1 or self.size % ranks_per_node:
+            raise ValueError(f"rank {self.rank}: ranks_per_node {ranks_per_node!r} must be "
+                             f"a positive divisor of the world size {self.size}")
+        return self.world.Split(self.rank // ranks_per_node, key=self.rank)
+
+    def _build_worker_levels(self) -> None:
+        """workers, node, cross and leaders over the worker ranks (None on servers)."""
+        worker = self.role == "worker"
+        if self.num_servers:
+            split = self.world.Split(0 if worker else MPI.UNDEFINED, key=self.rank)
+            self.workers = split if worker else None
         else:
-            if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or \
-                    ranks_per_node < 1 or self.size % ranks_per_node:
-                raise ValueError(f"rank {self.rank}: ranks_per_node {ranks_per_node!r} must be "
-                                 f"a positive divisor of the world size {self.size}")
-            self.node = self.world.Split(self.rank // ranks_per_node, key=self.rank)
-        self.local_rank, self.local_size = self.node.Get_rank(), self.node.Get_size()
-        sizes = self.world.allgather(self.local_size)
-        if len(set(sizes)) > 1:
-            raise ValueError(f"rank {self.rank}: uneven nodes (ranks per node {sorted(set(sizes))}"
+            self.workers = self.world
+        color = self.nodes_of_ranks[self.rank] if worker else MPI.UNDEFINED
+        node = self.world.Split(color, key=self.rank)
+        self.node = node if worker else None
+        self.local_rank = node.Get_rank() if worker else 0
+        self.local_size = node.Get_size() if worker else 0
+        sizes = self.world.allgather(self.local_size if worker else None)
+        worker_sizes = sorted({s for s in sizes if s is not None})
+        if not self.num_servers and len(worker_sizes) > 1:
+            raise ValueError(f"rank {self.rank}: uneven nodes (ranks per node {worker_sizes}"
                              "); run the same number of ranks on every node or pass "
                              "ranks_per_node")
-        self.cross = self.world.Split(self.local_rank, key=self.rank)
-        self.leaders = self.cross if self.local_rank == 0 else None
-        self.num_nodes = self.cross.Get_size()
-        self.node_id = self.node.bcast(self.cross.Get_rank() if self.local_rank == 0 else None)
-        # Names appear in timeout and debug messages.
-        self.node.Set_name(f"node {self.node_id}")
-        self.cross.Set_name(f"rail {self.local_rank}")
-        guard.ensure_board(self.world)
+        cross = self.world.Split(self.local_rank if worker else MPI.UNDEFINED, key=self.rank)
+        self.cross = cross if worker else None
+        self.leaders = self.cross if worker and self.local_rank == 0 else None
+        node_ids = sorted({self.nodes_of_ranks[r] for r in self.worker_ranks})
+        self.num_nodes = len(node_ids)
+        self.node_id = node_ids.index(self.nodes_of_ranks[self.rank]) if worker else None
 
     @property
     def is_leader(self) -> bool:
-        """Whether this rank is local rank 0 of its node."""
-        return self.local_rank == 0
+        """Whether this rank is a worker of local rank 0 on its node."""
+        return self.role == "worker" and self.local_rank == 0
+
+    @property
+    def num_workers(self) -> int:
+        """How many ranks train (the world minus the servers)."""
+        return self.size - self.num_servers
+
+    def node_of(self, rank: int) -> int:
+        """The node (over the whole world, servers included) that world rank ``rank`` is on."""
+        return self.nodes_of_ranks[rank]
+
+    def level(self, peer: int) -> str:
+        """``"intra"`` if world rank ``peer`` shares this rank's node, else ``"inter"``."""
+        return "intra" if self.node_of(peer) == self.node_of(self.rank) else "inter"
 
     def describe(self) -> dict:
         """Numbers for summaries and logs."""
-        return {"world_size": self.size, "num_nodes": self.num_nodes,
-                "ranks_per_node": self.local_size}
+        per_node = Counter(self.nodes_of_ranks)
+        return {"world_size": self.size, "num_nodes": len(per_node),
+                "worker_nodes": self.num_nodes, "ranks_per_node": max(per_node.values()),
+                "servers": self.num_servers, "workers": self.num_workers}
 
     def free(self) -> None:
         """Free the communicators this topology created."""
-        self.cross.Free()
-        self.node.Free()
+        for comm in (self.cross, self.node):
+            if comm is not None:
+                comm.Free()
+        if self.num_servers and self.workers is not None:
+            self.workers.Free()

@@ -15,13 +15,22 @@ Layout (little-endian; documented byte by byte in ``docs/mdp-format.md``)::
         68     4  number of classes (uint32)
         72     8  checksum S1 = sum of payload bytes (uint64, mod 2**64)
         80     8  checksum S2 = sum of (k+1) * byte_k over payload positions k (mod 2**64)
-        88    40  zero padding
+        88     4  flags (uint32): bit 0 = records shuffled at preparation; other bits 0
+        92    36  zero padding
        128  N*R  records: sample bytes then label bytes, record i at 128 + i*R
+
+Version 1 files written before the flags existed hold zeros at offset 88, so they read
+as "shuffling not recorded" (``shuffled=False``); a set bit this minidp does not know
+is refused rather than ignored.
 
 The checksum is Fletcher-like rather than a CRC because it can be computed block by
 block and summed: each MPI reader checks its own contiguous block and one
 ``Allreduce`` compares the total with the header, without any rank reading the file
 twice. S2 weights bytes by position, so swapped records are detected too.
+
+Labels are checked against the number of classes when written (:func:`write_mdp`) and
+when decoded (:func:`decode`): a label outside [0, num_classes) would otherwise index
+past the model's output and fail far from its cause, or silently train a wrong task.
 """
 
 from __future__ import annotations
@@ -38,13 +47,19 @@ from minidp.kernels.checksum import byte_checksum as checksum
 MAGIC = b"MINIDP\x00\x01"
 VERSION = 1
 HEADER_SIZE = 128
-_HEADER = struct.Struct("<8sIIQQI4I8s8sIQQ40x")
+_HEADER = struct.Struct("<8sIIQQI4I8s8sIQQI36x")
+FLAG_SHUFFLED = 1  # bit 0: the records were permuted once when the file was prepared
+KNOWN_FLAGS = FLAG_SHUFFLED
 _CHUNK = 1 << 22  # records are converted and written in 4 MiB pieces
 
 
 @dataclasses.dataclass(frozen=True)
 class Header:
-    """What the header of an .mdp file says."""
+    """What the header of an .mdp file says.
+
+    ``shuffled`` is True when the records were permuted once at preparation (flag bit 0),
+    so that every contiguous block, and every prefix, mixes the classes.
+    """
 
     count: int
     record_size: int
@@ -53,6 +68,12 @@ class Header:
     label_dtype: np.dtype
     num_classes: int
     checksum: tuple[int, int]
+    shuffled: bool = False
+
+    @property
+    def flags(self) -> int:
+        """The uint32 flags word stored at offset 88."""
+        return FLAG_SHUFFLED if self.shuffled else 0
 
     @property
     def record_dtype(self) -> np.dtype:
@@ -64,7 +85,8 @@ class Header:
         dims = list(self.sample_shape) + [0] * (4 - len(self.sample_shape))
         return _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, self.count, self.record_size,
                             len(self.sample_shape), *dims, self.sample_dtype.str.encode(),
-                            self.label_dtype.str.encode(), self.num_classes, *self.checksum)
+                            self.label_dtype.str.encode(), self.num_classes, *self.checksum,
+                            self.flags)
 
 
 def add_checksums(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -77,8 +99,8 @@ def read_header(path: str) -> Header:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: wrong magic or version, inconsistent fields, or a size that disagrees
-            with the record count (truncated or extended file).
+        ValueError: wrong magic or version, unknown flag bits, inconsistent fields, or a
+            size that disagrees with the record count (truncated or extended file).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"dataset file '{path}' does not exist")
@@ -89,13 +111,17 @@ def read_header(path: str) -> Header:
         raise ValueError(f"dataset file '{path}' is truncated: {size} bytes, shorter than "
                          f"the {HEADER_SIZE}-byte header")
     (magic, version, header_size, count, record_size, ndim, d0, d1, d2, d3, sdt, ldt,
-     classes, s1, s2) = _HEADER.unpack(raw)
+     classes, s1, s2, flags) = _HEADER.unpack(raw)
     if magic != MAGIC:
         raise ValueError(f"dataset file '{path}': wrong magic {magic!r}, expected {MAGIC!r} "
                          "(not a minidp dataset file)")
     if version != VERSION or header_size != HEADER_SIZE:
         raise ValueError(f"dataset file '{path}': version {version} with header size "
                          f"{header_size}; this minidp reads version {VERSION} ({HEADER_SIZE})")
+    if flags & ~KNOWN_FLAGS:
+        raise ValueError(f"dataset file '{path}': unknown flag bits {flags & ~KNOWN_FLAGS:#x} "
+                         f"in flags {flags:#x} at offset 88; this minidp knows only "
+                         f"{KNOWN_FLAGS:#x} (bit 0: shuffled)")
     try:
         sample_dtype = np.dtype(sdt.rstrip(b"\x00").decode())
         label_dtype = np.dtype(ldt.rstrip(b"\x00").decode())
@@ -104,7 +130,8 @@ def read_header(path: str) -> Header:
     if ndim > 4:
         raise ValueError(f"dataset file '{path}': sample ndim {ndim} > 4")
     shape = (d0, d1, d2, d3)[:ndim]
-    header = Header(count, record_size, shape, sample_dtype, label_dtype, classes, (s1, s2))
+    header = Header(count, record_size, shape, sample_dtype, label_dtype, classes, (s1, s2),
+                    shuffled=bool(flags & FLAG_SHUFFLED))
     if header.record_dtype.itemsize != record_size:
         raise ValueError(f"dataset file '{path}': record size {record_size} disagrees with "
                          f"shape {shape} of {sample_dtype} plus a {label_dtype} label "
@@ -117,16 +144,34 @@ def read_header(path: str) -> Header:
     return header
 
 
+def _label_out_of_range(y: np.ndarray, num_classes: int) -> tuple[int, int] | None:
+    """(index, value) of the first label outside [0, num_classes), or None if all are in.
+
+    Only min and max are computed unless a label is out of range (decode runs per epoch).
+    """
+    if len(y) == 0 or (y.min() >= 0 and y.max() < num_classes):
+        return None
+    index = int(np.flatnonzero((y < 0) | (y >= num_classes))[0])
+    return index, int(y[index])
+
+
 def write_mdp(path: str, x: np.ndarray, y: np.ndarray, num_classes: int,
-              progress: bool = False) -> Header:
+              progress: bool = False, shuffled: bool = False) -> Header:
     """Write samples and labels atomically (temporary file, fsync, rename).
 
     Args:
         path: destination; a partial file never appears under this name.
         x: samples (N, ...), any fixed-size dtype.
-        y: labels (N,), integer.
-        num_classes: stored in the header.
+        y: labels (N,), integers in [0, num_classes).
+        num_classes: stored in the header; at least 1.
         progress: print a progress bar on stderr.
+        shuffled: record in the header (flag bit 0) that the caller permuted the records
+            once at preparation; the records are written in the order given either way.
+
+    Raises:
+        ValueError: lengths that differ, samples of more than 4 dims, ``num_classes`` < 1,
+            or a label outside [0, num_classes) (the message names the file and the value).
+        TypeError: labels that are not integers, or a ``num_classes`` that is not an int.
     """
     if len(x) != len(y):
         raise ValueError(f"write_mdp: {len(x)} samples but {len(y)} labels")
@@ -134,7 +179,17 @@ def write_mdp(path: str, x: np.ndarray, y: np.ndarray, num_classes: int,
         raise ValueError(f"write_mdp: samples of shape {x.shape[1:]} have more than 4 dims")
     if y.dtype.kind not in "iu":
         raise TypeError(f"write_mdp: labels must be integers, got {y.dtype}")
-    header = Header(len(x), 0, tuple(x.shape[1:]), x.dtype, y.dtype, num_classes, (0, 0))
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
+        raise TypeError(f"write_mdp: num_classes: got {num_classes!r}, allowed: an int >= 1")
+    if not 1 <= num_classes < 2 ** 32:
+        raise ValueError(f"write_mdp: num_classes: got {num_classes}, allowed: an int >= 1 "
+                         "(stored as uint32)")
+    bad = _label_out_of_range(y, num_classes)
+    if bad is not None:
+        raise ValueError(f"write_mdp: '{path}': label {bad[1]} (record {bad[0]}) is outside "
+                         f"the allowed range [0, {num_classes}) for num_classes={num_classes}")
+    header = Header(len(x), 0, tuple(x.shape[1:]), x.dtype, y.dtype, int(num_classes), (0, 0),
+                    shuffled=bool(shuffled))
     header = dataclasses.replace(header, record_size=header.record_dtype.itemsize)
     tmp = f"{path}.tmp-{os.getpid()}"
     total = (0, 0)
@@ -166,16 +221,34 @@ def write_mdp(path: str, x: np.ndarray, y: np.ndarray, num_classes: int,
 
 
 def decode(records: np.ndarray, header: Header) -> tuple[np.ndarray, np.ndarray]:
-    """Split records (raw bytes or the record dtype) into (samples, labels) copies."""
+    """Split records (raw bytes or the record dtype) into (samples, labels) copies.
+
+    Raises:
+        ValueError: a label outside [0, header.num_classes); the message names the range
+            and the value.
+    """
     view = records.reshape(-1).view(header.record_dtype)
-    return np.ascontiguousarray(view["x"]), view["y"].astype(np.int64)
+    labels = view["y"].astype(np.int64)
+    bad = _label_out_of_range(labels, header.num_classes)
+    if bad is not None:
+        raise ValueError(f"dataset records: label {bad[1]} (record {bad[0]} of this block) is "
+                         f"outside the allowed range [0, {header.num_classes}) of the header's "
+                         f"{header.num_classes} classes")
+    return np.ascontiguousarray(view["x"]), labels
 
 
 def read_mdp(path: str, verify: bool = True) -> tuple[np.ndarray, np.ndarray, Header]:
-    """Read a whole file into memory: (samples, labels, header); checks the checksum."""
+    """Read a whole file into memory: (samples, labels, header).
+
+    Checks the checksum (unless ``verify`` is False) and the labels' range; errors name
+    the file.
+    """
     header = read_header(path)
     raw = np.fromfile(path, dtype=np.uint8, offset=HEADER_SIZE)
     if verify and checksum(raw) != header.checksum:
         raise ValueError(f"dataset file '{path}': checksum mismatch, the payload is corrupt")
-    x, y = decode(raw, header)
+    try:
+        x, y = decode(raw, header)
+    except ValueError as exc:
+        raise ValueError(f"dataset file '{path}': {exc}") from exc
     return x, y, header

@@ -60,6 +60,14 @@ class EpochStream:
         """Samples not yet taken."""
         return len(self.y) - self.position
 
+    def rewind(self, rng: np.random.Generator) -> None:
+        """Start another pass over the same samples in a new order (``rng``'s permutation).
+
+        An asynchronous worker faster than its share of an epoch reuses its shard.
+        """
+        order = rng.permutation(len(self.y))
+        self.x, self.y, self.position = self.x[order], self.y[order], 0
+
     def take(self, n: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The next n samples on the selected backend, or None when fewer than n remain."""
         if not isinstance(n, (int, np.integer)) or n < 1:
@@ -215,14 +223,18 @@ class LeaderReader(Reader):
     """One reader per node fills a shared-memory window; the node's ranks share it out.
 
     Nodes are real (``Split_type(COMM_TYPE_SHARED)``) or virtual (``ranks_per_node``
-    consecutive ranks). Synchronisation: ``Win.Fence`` before the leader writes (no rank
-    still copies last epoch's data) and after (the data is visible to the whole node).
+    consecutive ranks); a Trainer passes its own ``topology`` (over the workers), so no
+    second set of communicators is built. Synchronisation: ``Win.Fence`` before the
+    leader writes (no rank still copies last epoch's data) and after (the data is
+    visible to the whole node).
     """
 
     def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0,
-                 limit: int | None = None, ranks_per_node: int | None = None) -> None:
+                 limit: int | None = None, ranks_per_node: int | None = None,
+                 topology: Topology | None = None) -> None:
         super().__init__(path, comm, seed, limit)
-        self.topology = Topology(self.comm, ranks_per_node)
+        self.owns_topology = topology is None
+        self.topology = Topology(self.comm, ranks_per_node) if topology is None else topology
         largest = -(-self.count // self.topology.num_nodes) * self.header.record_size
         self.window = MPI.Win.Allocate_shared(largest if self.topology.is_leader else 0, 1,
                                               comm=self.topology.node)
@@ -255,7 +267,8 @@ class LeaderReader(Reader):
     def free(self) -> None:
         """Release the shared window and communicators (collective on the node)."""
         self.window.Free()
-        self.topology.free()
+        if self.owns_topology:
+            self.topology.free()
 
 
 class StridedReader(Reader):

@@ -9,15 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from minidp.strategies.asgd import AsyncMomentumSGD, AsyncSGD
 from minidp.strategies.base import Option, Strategy
 from minidp.strategies.daso import DASO
 from minidp.strategies.daso_schedule import DASOSchedule
+from minidp.strategies.dbs import DynamicBatchSGD
 from minidp.strategies.hbsgd import HierarchicalBulkSGD
+from minidp.strategies.hogwild import HogwildSGD
 from minidp.strategies.hsgd import HierarchicalSGD
+from minidp.strategies.ps import ParameterServer
+from minidp.strategies.softsync import SoftSyncSGD
 from minidp.strategies.sync import SyncSGD
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (SyncSGD, HierarchicalSGD, HierarchicalBulkSGD, DASO)}
+    cls.name: cls for cls in (SyncSGD, HierarchicalSGD, HierarchicalBulkSGD, DASO, AsyncSGD,
+                              AsyncMomentumSGD, HogwildSGD, SoftSyncSGD, DynamicBatchSGD)}
 
 
 def names() -> list[str]:
@@ -37,5 +43,7 @@ def get(name: str, *args: Any, **kwargs: Any) -> Strategy:
     return strategy_class(name)(*args, **kwargs)
 
 
-__all__ = ["DASO", "DASOSchedule", "HierarchicalBulkSGD", "HierarchicalSGD", "Option",
-           "STRATEGIES", "Strategy", "SyncSGD", "get", "names", "strategy_class"]
+__all__ = ["DASO", "STRATEGIES", "AsyncMomentumSGD", "AsyncSGD", "DASOSchedule",
+           "DynamicBatchSGD", "HierarchicalBulkSGD", "HierarchicalSGD", "HogwildSGD", "Option",
+           "ParameterServer", "SoftSyncSGD", "Strategy", "SyncSGD", "get", "names",
+           "strategy_class"]

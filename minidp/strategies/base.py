@@ -1,17 +1,18 @@
-"""What every distributed strategy has: options, the start-up broadcast, the update hooks.
+"""What every distributed strategy has: roles, options, the start-up broadcast, the hooks.
 
-The Trainer drives a strategy through a small interface, the same for the synchronous
-family here and the asynchronous and elastic ones that stand on it:
+The Trainer drives a strategy through a small interface, the same for the synchronous,
+parameter-server and elastic families:
 
-* ``plan(total_epochs)`` once; ``begin_epoch(epoch, batches)``, then per batch, after
-  backward, ``step(batch)``, then ``end_epoch(epoch, train_loss)`` with the loss
-  averaged over all workers;
-* ``batch_size(base)``: the samples this worker takes next (dynamic batch sizes);
-* ``consensus()``: the parameters the run's result is (model.npz, evaluation);
+* ``servers_needed(options)`` (class method): how many ranks take the server role; the
+  Trainer builds the :class:`~minidp.comm.Topology` with that many;
+* ``plan(total_epochs)`` once; ``begin_epoch(epoch, batches)`` on every rank;
+* on workers, per step: ``batch_size(base)`` gives the samples to take next (0: this
+  worker's epoch is over; a parameter-server worker pulls here), then after backward
+  ``step(batch)``; on servers: ``serve()`` until every worker's epoch is over;
+* ``end_epoch(epoch, train_loss)`` on every rank, with the loss averaged over workers;
+  then ``consensus()`` (may be collective over the world): the parameters the run's
+  result is (evaluation, model.npz), and ``epoch_stats()``: extra per-epoch metrics;
 * ``state_dict()`` / ``load_state_dict()``: what a checkpoint must hold to resume exactly.
-
-The asynchronous families will add a server role (some ranks run a serve loop
-instead of training) on top of this interface.
 
 Options are declared per class as :class:`Option` (type, default, allowed range) and
 checked on construction; ``--set NAME.option=value`` strings are converted here.
@@ -26,9 +27,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from minidp.comm import ALLREDUCE_ALGORITHMS, Topology, allreduce, shared_buffer
+from minidp.comm import ALLREDUCE_ALGORITHMS, Topology, allreduce, broadcast, shared_buffer
 from minidp.layers import Module
 from minidp.optim.optimizer import Optimizer
+from minidp.optim.schedules import Schedule
 from minidp.trace import tracer
 
 
@@ -97,9 +99,20 @@ class Strategy(abc.ABC):
         if optimizer.flat is not self.flat:
             raise ValueError(f"rank {topology.rank}: the optimizer must be built on "
                              "model.parameters() of this model")
-        self.epoch, self.batches, self.total_epochs = 0, 0, 1
+        needed = self.servers_needed(self.config)
+        if topology.num_servers != needed:
+            raise ValueError(f"rank {topology.rank}: strategy {self.name!r} needs {needed} "
+                             f"server rank(s), the topology has {topology.num_servers}")
+        self.epoch, self.batches, self.total_epochs, self.base_batch = 0, 0, 1, 1
+        self.lr_schedule: Schedule | None = None
         self.steps = 0  # steps taken over the whole run (periods count in these)
+        self.taken = 0  # batches this worker has begun in the current epoch
         self.broadcast_parameters()
+
+    @classmethod
+    def servers_needed(cls, options: dict[str, Any]) -> int:
+        """How many ranks take the server role (the synchronous family: none)."""
+        return 0
 
     @classmethod
     def parse_options(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -120,9 +133,9 @@ class Strategy(abc.ABC):
         if len(set(sizes)) > 1:
             raise ValueError(f"rank {self.topology.rank} has {self.flat.size} parameters, rank "
                              f"0 has {sizes[0]}: every rank must build the same model")
-        self.topology.world.Bcast(self.flat.data, root=0)
+        broadcast(self.flat.data, self.topology, 0, "broadcast parameters")
         for buffer in self.float_buffers():
-            self.topology.world.Bcast(buffer, root=0)
+            broadcast(buffer, self.topology, 0, "broadcast buffers")
 
     def float_buffers(self) -> list[np.ndarray]:
         """The model's floating-point buffers (BatchNorm statistics), in a fixed order."""
@@ -137,27 +150,48 @@ class Strategy(abc.ABC):
     # -- the interface the Trainer drives -----------------------------------------------
 
     def batch_size(self, base: int) -> int:
-        """Samples this worker takes for its next step (fixed for synchronous strategies)."""
+        """Samples this worker takes for its next step; 0 when its epoch is over.
+
+        Synchronous strategies take ``base`` samples for ``batches`` steps per epoch.
+        """
+        if self.taken >= self.batches:
+            return 0
+        self.taken += 1
         return base
 
-    def plan(self, total_epochs: int) -> None:
-        """Told once, before training, how many epochs the run has."""
-        self.total_epochs = total_epochs
+    def plan(self, total_epochs: int, base_batch: int = 1,
+             lr_schedule: Schedule | None = None) -> None:
+        """Told once, before training: epochs, the per-worker batch size, the LR schedule.
+
+        A server applies updates without the Trainer's scheduler; it reads the learning
+        rate from ``lr_schedule`` (None: the optimizer's own ``lr``).
+        """
+        self.total_epochs, self.base_batch, self.lr_schedule = total_epochs, base_batch, \
+            lr_schedule
 
     def begin_epoch(self, epoch: int, batches: int) -> None:
         """Called before the first batch of ``epoch`` (0-based) of ``batches`` batches."""
-        self.epoch, self.batches = epoch, batches
+        self.epoch, self.batches, self.taken = epoch, batches, 0
 
     @abc.abstractmethod
     def step(self, batch: int) -> None:
         """Communicate and update the parameters after backward of batch ``batch``."""
 
+    def serve(self) -> None:
+        """On a server rank: answer workers until every worker's epoch is over."""
+        raise RuntimeError(f"rank {self.topology.rank}: strategy {self.name!r} has no server "
+                           "role")
+
     def end_epoch(self, epoch: int, train_loss: float) -> None:
-        """Called after the last batch with the training loss averaged over workers."""
+        """Called on every rank after the epoch with the training loss averaged over workers."""
 
     def consensus(self) -> np.ndarray:
         """The parameters that are the result (every rank's own once they agree)."""
         return self.flat.data
+
+    def epoch_stats(self) -> dict[str, Any]:
+        """Extra JSON-able metrics of the epoch just ended (rank 0's go to metrics.jsonl)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """Strategy state a checkpoint must hold (beyond parameters and optimizer)."""

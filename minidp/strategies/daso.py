@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from minidp.comm import node_allreduce, node_broadcast, rail_allreduce, rail_iallreduce
+from minidp.optim.schedules import Schedule
 from minidp.strategies.base import Option, Strategy
 from minidp.strategies.daso_schedule import DASOSchedule
 
@@ -106,9 +107,10 @@ class DASO(Strategy):
                  "local_skip_factor", "stability_level", "patience")
         return {n: self.config[n] for n in names}
 
-    def plan(self, total_epochs: int) -> None:
+    def plan(self, total_epochs: int, base_batch: int = 1,
+             lr_schedule: Schedule | None = None) -> None:
         """Known total epochs place the cool-down (Heat needs them too)."""
-        super().plan(total_epochs)
+        super().plan(total_epochs, base_batch, lr_schedule)
         self.schedule = DASOSchedule(total_epochs=total_epochs, **self._schedule_options())
 
     def begin_epoch(self, epoch: int, batches: int) -> None:

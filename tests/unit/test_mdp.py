@@ -117,3 +117,80 @@ def test_bad_arguments(tmp_path, arrays):
         mdp.write_mdp(str(tmp_path / "a.mdp"), x, y[:-1], 10)
     with pytest.raises(TypeError, match="labels must be integers"):
         mdp.write_mdp(str(tmp_path / "a.mdp"), x, y.astype(np.float32), 10)
+
+
+def test_shuffled_flag_round_trips_at_offset_88(tmp_path, arrays):
+    path = str(tmp_path / "d.mdp")
+    for shuffled, flags in ((True, 1), (False, 0)):
+        header = mdp.write_mdp(path, *arrays, 10, shuffled=shuffled)
+        assert header.shuffled is shuffled and header.flags == flags
+        with open(path, "rb") as f:
+            raw = f.read(mdp.HEADER_SIZE)
+        assert int.from_bytes(raw[88:92], "little") == flags
+        assert raw[92:] == bytes(36)  # the rest of the padding stays zero
+        read = mdp.read_header(path)
+        assert read.shuffled is shuffled and read == header
+        x, y, h = mdp.read_mdp(path)
+        assert h.shuffled is shuffled
+        np.testing.assert_array_equal(y, arrays[1])
+
+
+def test_file_without_flags_reads_as_not_shuffled(tmp_path, arrays):
+    path = str(tmp_path / "d.mdp")
+    mdp.write_mdp(path, *arrays, 10, shuffled=True)
+    patch(path, 88, bytes(4))  # what a file written before the flags existed holds
+    assert mdp.read_header(path).shuffled is False
+
+
+def test_unknown_flag_bits_are_refused(tmp_path, arrays):
+    path = write(tmp_path, arrays)
+    patch(path, 88, (1 | 4).to_bytes(4, "little"))
+    with pytest.raises(ValueError, match=r"d.mdp': unknown flag bits 0x4 in flags 0x5"):
+        mdp.read_header(path)
+    patch(path, 88, (1 << 31).to_bytes(4, "little"))
+    with pytest.raises(ValueError, match=r"unknown flag bits 0x80000000.*knows only 0x1"):
+        mdp.read_mdp(path)
+
+
+def test_labels_out_of_range_are_refused_when_written(tmp_path, arrays):
+    x, y = arrays
+    path = str(tmp_path / "a.mdp")
+    high = y.copy()
+    high[5] = 10
+    with pytest.raises(ValueError, match=r"'.*a.mdp': label 10 \(record 5\) is outside the "
+                                         r"allowed range \[0, 10\) for num_classes=10"):
+        mdp.write_mdp(path, x, high, 10)
+    low = y.copy()
+    low[[2, 30]] = -1
+    with pytest.raises(ValueError, match=r"label -1 \(record 2\).*\[0, 10\)"):
+        mdp.write_mdp(path, x, low, 10)
+    first = int(np.flatnonzero(y >= 4)[0])
+    with pytest.raises(ValueError, match=rf"label {y[first]} \(record {first}\).*\[0, 4\)"):
+        mdp.write_mdp(path, x, y, 4)
+    with pytest.raises(ValueError, match="num_classes: got 0, allowed: an int >= 1"):
+        mdp.write_mdp(path, x[:0], y[:0], 0)
+    with pytest.raises(TypeError, match=r"num_classes: got 10.0, allowed: an int >= 1"):
+        mdp.write_mdp(path, x, y, 10.0)
+    assert os.listdir(tmp_path) == []  # refused before anything was written
+    mdp.write_mdp(path, x, np.full(37, 9), 10)  # the top of the range is allowed
+    assert mdp.read_mdp(path)[1].max() == 9
+
+
+def test_labels_out_of_range_are_refused_when_decoded(tmp_path, arrays):
+    x, y = arrays
+    path = write(tmp_path, arrays)
+    patch(path, 68, (5).to_bytes(4, "little"))  # the header now claims 5 classes
+    first = int(np.flatnonzero(y >= 5)[0])
+    with pytest.raises(ValueError, match=rf"d.mdp': dataset records: label {y[first]} "
+                                         rf"\(record {first} of this block\) is outside the "
+                                         r"allowed range \[0, 5\)"):
+        mdp.read_mdp(path)
+    header = mdp.read_header(path)
+    raw = np.fromfile(path, dtype=np.uint8, offset=mdp.HEADER_SIZE)
+    in_range = np.flatnonzero(y < 5)
+    records = raw.view(header.record_dtype)[in_range]
+    x2, y2 = mdp.decode(records, header)  # a block whose labels all fit decodes
+    np.testing.assert_array_equal(y2, y[in_range])
+    np.testing.assert_array_equal(x2, x[in_range])
+    empty_x, empty_y = mdp.decode(raw[:0], header)
+    assert empty_x.shape == (0, 1, 5, 3) and empty_y.shape == (0,)

@@ -1,0 +1,153 @@
+"""``dbs``: ASGD with performance-aware dynamic batch sizes (Ji, Zhang, Fu, Gao, Li 2019).
+
+Ji et al., "A dynamic batch size SGD for heterogeneous clusters" (DBS-SGD), J. Computer
+Research and Development 56(11), 2019. Only the abstract is public: it modulates each
+node's batch size "according to the runtime performance of each node" so that fast and
+slow nodes take the same time per iteration, against stale gradients. Everything below
+is minidp's reconstruction (``docs/dbs.md`` lists every choice):
+
+* measure: each push carries the worker's batch and its compute time (pull to push,
+  including any slowdown); the server keeps an exponential moving average of each
+  worker's throughput v_i (samples/s, factor ``ema``);
+* allocate: every ``rebalance_every`` gradients (default: one per worker), server 0
+  sets b_i proportional to v_i with the total fixed at workers x ``--batch-size`` (the
+  fixed-batch run's), rounded by largest remainders and clamped to
+  [``min_batch``, ``max_batch``] with the total kept; the new b_i goes out with the
+  worker's next pull;
+* update: ASGD, each gradient weighted by its share of samples,
+  w <- w - lr * (b_i / b) * g_i, where g_i is the mean over b_i samples and b the base
+  batch, so a sample counts the same whichever worker took it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from minidp.strategies.base import Option
+from minidp.strategies.ps import ParameterServer
+
+
+def proportional_sizes(speeds: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
+    """Integer sizes proportional to ``speeds``, summing to ``total``, each in [low, high].
+
+    Largest-remainder rounding; sizes that hit a bound are fixed there and the rest of
+    the total is shared again among the others, in proportion to their speeds.
+    """
+    speeds = np.asarray(speeds, dtype=np.float64)
+    n = len(speeds)
+    if not n * low <= total <= n * high:
+        raise ValueError(f"batch sizes: a total of {total} cannot be split into {n} sizes in "
+                         f"[{low}, {high}]")
+    if np.any(~np.isfinite(speeds)) or np.any(speeds <= 0):
+        raise ValueError(f"speeds: got {speeds.tolist()}, allowed: finite numbers > 0")
+    sizes = np.zeros(n, np.int64)
+    free = np.ones(n, bool)
+    while True:
+        share = (total - sizes[~free].sum()) * speeds[free] / speeds[free].sum()
+        low_hit, high_hit = share < low, share > high
+        if not low_hit.any() and not high_hit.any():
+            break
+        index = np.flatnonzero(free)
+        sizes[index[low_hit]], sizes[index[high_hit]] = low, high
+        free[index[low_hit | high_hit]] = False
+    floor = np.floor(share).astype(np.int64)
+    left = total - sizes[~free].sum() - floor.sum()
+    floor[np.argsort(-(share - floor), kind="stable")[:left]] += 1
+    sizes[free] = floor
+    return sizes
+
+
+class DynamicBatchSGD(ParameterServer):
+    """ASGD whose per-worker batch sizes follow each worker's measured speed.
+
+    Communication: as :class:`ParameterServer`; the batch size b_i rides on server 0's
+    answer to every pull (the first field of the reply header), the worker's compute
+    time on every push. Nobody waits for anybody but the server: with b_i proportional
+    to v_i every worker's iteration takes about b_i / v_i = B / sum(v), so gradients
+    arrive in turn and every staleness is about workers - 1, instead of large for slow
+    workers and small for fast ones. With equal speeds this is ``asgd``.
+    """
+
+    name = "dbs"
+    options: ClassVar[dict[str, Option]] = dict(
+        ParameterServer.options,
+        min_batch=Option(0, int, "an int >= 0 (0: a quarter of --batch-size, at least 1)",
+                         lambda v: v >= 0),
+        max_batch=Option(0, int, "an int >= 0 (0: 4 x --batch-size)", lambda v: v >= 0),
+        rebalance_every=Option(0, int, "gradients between re-allocations, >= 0 (0: one per "
+                               "worker)", lambda v: v >= 0),
+        ema=Option(0.5, float, "a number in [0, 1): weight of the old throughput estimate",
+                   lambda v: 0 <= v < 1))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        workers = self.topology.worker_ranks
+        self.speeds = {r: 0.0 for r in workers}
+        self.sizes: dict[int, int] = {}
+        self.allocated_speeds = dict(self.speeds)  # the speeds the sizes were computed from
+        self.since_rebalance = 0
+        self.history: list[list[int]] = []  # the sizes after each re-allocation this epoch
+
+    def bounds(self) -> tuple[int, int]:
+        """(min_batch, max_batch) with their defaults resolved against --batch-size."""
+        base = self.base_batch
+        low = self.config["min_batch"] or max(1, base // 4)
+        high = self.config["max_batch"] or 4 * base
+        if not low <= base <= high:
+            raise ValueError(f"rank {self.topology.rank}: dbs.min_batch/max_batch: got "
+                             f"[{low}, {high}], allowed: a range holding --batch-size {base}")
+        return low, high
+
+    def assign_batch(self, worker: int, wanted: int) -> int:
+        """This worker's current b_i (the base batch until its speed is known)."""
+        return self.sizes.get(worker, self.base_batch)
+
+    def observe(self, worker: int, samples: int, compute_s: float) -> None:
+        """Update the worker's throughput; every ``rebalance_every`` pushes, re-allocate."""
+        speed = samples / max(compute_s, 1e-6)
+        old = self.speeds[worker]
+        self.speeds[worker] = speed if old == 0 else self.config["ema"] * old + \
+            (1 - self.config["ema"]) * speed
+        self.since_rebalance += 1
+        period = self.config["rebalance_every"] or self.topology.num_workers
+        if self.topology.rank == 0 and self.since_rebalance >= period and \
+                all(self.speeds.values()):
+            self.since_rebalance = 0
+            workers = list(self.speeds)
+            low, high = self.bounds()
+            sizes = proportional_sizes(np.array([self.speeds[r] for r in workers]),
+                                       self.base_batch * len(workers), low, high)
+            self.sizes = dict(zip(workers, sizes.tolist()))
+            self.allocated_speeds = dict(self.speeds)
+            self.history.append(sizes.tolist())
+
+    def on_gradient(self, worker: int, grad: np.ndarray, staleness: int, samples: int) -> None:
+        """ASGD step weighted by the gradient's share of samples, b_i / b."""
+        self.apply(grad, samples / self.base_batch)
+
+    def begin_epoch(self, epoch: int, batches: int) -> None:
+        """Start the epoch's record of allocations (the sizes themselves carry over)."""
+        super().begin_epoch(epoch, batches)
+        self.history = []
+
+    def epoch_stats(self) -> dict[str, Any]:
+        """ASGD's statistics plus the current sizes and the epoch's re-allocations."""
+        stats = super().epoch_stats()
+        if self.topology.rank == 0:
+            stats["batch_sizes"] = {str(r): self.assign_batch(r, 0) for r in self.speeds}
+            stats["throughput"] = {str(r): v for r, v in self.allocated_speeds.items()}
+            stats["reallocations"] = len(self.history)
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """ASGD's state plus speeds and sizes (JSON keys are strings)."""
+        return dict(super().state_dict(), speeds={str(r): v for r, v in self.speeds.items()},
+                    sizes={str(r): b for r, b in self.sizes.items()})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        super().load_state_dict(state)
+        self.speeds = {int(r): float(v) for r, v in state["speeds"].items()}
+        self.sizes = {int(r): int(b) for r, b in state["sizes"].items()}

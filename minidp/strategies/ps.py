@@ -1,0 +1,263 @@
+"""The parameter-server family's common part: roles, the pull/push protocol, the serve loop.
+
+``asgd``, ``amsgd``, ``softsync`` and ``dbs`` are short classes on
+:class:`ParameterServer`; each overrides what its paper changes (what the server does
+with an arriving gradient, or how large the next batch of a worker is).
+
+Roles: ranks 0..K-1 are servers (``--set NAME.servers=K``, default 1), the others are
+workers. Server k owns slice k of the flat parameter vector (contiguous, sizes differing
+by at most one element), as real parameter servers shard a model.
+
+Epochs are counted in samples, not in steps: server 0 holds the epoch's budget (the
+samples a synchronous run would use: ``batches x batch x workers``) and grants each
+pull a batch while the budget lasts. A fast worker therefore takes more of an epoch
+than a slow one (it reuses its shard in a new order when it runs out), which is what
+lets an asynchronous run finish an epoch in the time of the *total* throughput
+instead of the slowest worker's. The epoch ends for a worker when server 0 answers
+its pull with 0; after every worker has heard that, all ranks meet for the epoch's
+end (statistics, evaluation of the servers' parameters, checkpoints).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+
+from minidp.comm import broadcast, p2p
+from minidp.comm.allreduce import chunk_bounds
+from minidp.kernels import sgd_update
+from minidp.strategies.base import Option, Strategy
+from minidp.trace import tracer
+
+TAG_PULL, TAG_REPLY, TAG_PARAMS, TAG_PUSH, TAG_GRADIENT, TAG_DONE = range(201, 207)
+HISTOGRAM_BINS = 33  # staleness 0..31, and one bin for 32 or more
+
+
+class ParameterServer(Strategy):
+    """Asynchronous SGD through parameter servers (Downpour-style), first come first served.
+
+    Communication (worker w, servers 0..K-1, all point-to-point through ``comm.p2p``)::
+
+        1. pull (Trainer asks batch_size): w sends [PULL, wanted batch] to server 0;
+           server 0 answers [granted batch, version] and, when granted > 0, its slice
+           of the parameters; then w pulls from servers 1..K-1 the same way. Granted 0
+           ends w's epoch: w sends DONE to servers 1..K-1 instead.
+        2. w computes a gradient on the granted batch at the pulled parameters
+           (no communication; a slow worker is slow here).
+        3. push (step): w sends to every server [version pulled, samples, compute us]
+           and the gradient's slice.
+        Server loop (serve): probe(ANY_SOURCE) and answer whatever came first:
+        a pull (grant while the epoch's budget lasts), a push (receive, then
+        on_gradient: here w <- w - lr * g at once, version += 1), a DONE.
+
+    Staleness of a gradient = server version when it is applied - version pulled.
+    Workers wait only for their own pulls; the server waits only when idle. With one
+    worker this is exactly sequential SGD; with ``order=round_robin`` (one server) the
+    server takes the workers' messages in turn, which makes runs deterministic for tests.
+    """
+
+    options: ClassVar[dict[str, Option]] = {
+        "servers": Option(1, int, "an int >= 1 (ranks 0..K-1 serve parameter slices)",
+                          lambda v: v >= 1),
+        "order": Option("fcfs", str, "fcfs (first come first served) or round_robin "
+                        "(deterministic, one server)", lambda v: v in ("fcfs", "round_robin")),
+    }
+    server_momentum: ClassVar[bool] = False  # asgd: plain SGD at the server
+
+    @classmethod
+    def servers_needed(cls, options: dict[str, Any]) -> int:
+        """K server ranks, from the ``servers`` option."""
+        return options["servers"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        t = self.topology
+        if self.config["order"] == "round_robin" and t.num_servers > 1:
+            raise ValueError(f"rank {t.rank}: {self.name}.order: got 'round_robin' with "
+                             f"{t.num_servers} servers, allowed: round_robin with one server")
+        bounds = chunk_bounds(self.flat.size, t.num_servers)
+        self.slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        self.header = np.zeros(4, np.int64)
+        self.reply = np.zeros(4, np.int64)
+        self.versions_read = np.zeros(t.num_servers, np.int64)
+        self.granted, self.pulled_at = 0, 0.0
+        self.version = 0  # updates this server has applied over the run
+        self.samples_applied = 0  # samples behind those updates (the LR schedule's clock)
+        if t.role == "server":
+            self.shard = self.slices[t.rank]
+            self.incoming = np.empty(self.shard.stop - self.shard.start, self.flat.data.dtype)
+        self.reset_stats()
+
+    # -- worker side -------------------------------------------------------------------
+
+    def batch_size(self, base: int) -> int:
+        """Pull the parameters (and, from server 0, the next batch size; 0 ends the epoch)."""
+        t = self.topology
+        self.header[:] = (base, 0, 0, 0)
+        p2p.send(self.header, 0, TAG_PULL, t, "pull")
+        p2p.recv(self.reply, 0, TAG_REPLY, t, "pull reply")
+        self.granted = int(self.reply[0])
+        if self.granted == 0:
+            for server in t.server_ranks[1:]:
+                p2p.send(self.header, server, TAG_DONE, t, "done")
+            return 0
+        for server in t.server_ranks:
+            if server:
+                p2p.send(self.header, server, TAG_PULL, t, "pull")
+                p2p.recv(self.reply, server, TAG_REPLY, t, "pull reply")
+            self.versions_read[server] = self.reply[1]
+            p2p.recv(self.flat.data[self.slices[server]], server, TAG_PARAMS, t, "parameters")
+        self.pulled_at = time.perf_counter()
+        return self.granted
+
+    def step(self, batch: int) -> None:
+        """Push the gradient's slices, each tagged with the version it was computed at."""
+        self.steps += 1
+        compute_us = int((time.perf_counter() - self.pulled_at) * 1e6)
+        for server in self.topology.server_ranks:
+            self.header[:] = (self.versions_read[server], self.granted, compute_us, 0)
+            p2p.send(self.header, server, TAG_PUSH, self.topology, "push")
+            p2p.send(self.flat.grad[self.slices[server]], server, TAG_GRADIENT, self.topology,
+                     "push gradient")
+
+    # -- server side ---------------------------------------------------------------------
+
+    def begin_epoch(self, epoch: int, batches: int) -> None:
+        """Server 0 opens the epoch's sample budget; statistics restart."""
+        super().begin_epoch(epoch, batches)
+        self.budget = batches * self.base_batch * self.topology.num_workers
+        self.reset_stats()
+
+    def serve(self) -> None:
+        """Answer pulls, pushes and DONEs until every worker's epoch is over."""
+        t = self.topology
+        active = list(t.worker_ranks)
+        turn = 0
+        while active:
+            if self.config["order"] == "round_robin":
+                turn %= len(active)
+                source = active[turn]
+                message = p2p.probe(t, source, p2p.ANY_TAG, "serve", peers=[source])
+            else:
+                message = p2p.probe(t, p2p.ANY_SOURCE, p2p.ANY_TAG, "serve", peers=active)
+            started = time.perf_counter()
+            finished = self.handle(message.source, message.tag)
+            self.stats["busy_s"] += time.perf_counter() - started
+            if finished:
+                active.remove(message.source)
+            else:
+                turn += 1
+        self.finish_epoch()
+        self.stats["serve_s"] = time.perf_counter() - self.stats_started
+
+    def handle(self, worker: int, tag: int) -> bool:
+        """Answer one message of ``worker``; True when that worker's epoch is over."""
+        t = self.topology
+        p2p.recv(self.header, worker, tag, t, "request")
+        if tag == TAG_DONE:
+            return True
+        if tag == TAG_PUSH:
+            version_read, samples = int(self.header[0]), int(self.header[1])
+            self.observe(worker, samples, int(self.header[2]) * 1e-6)
+            p2p.recv(self.incoming, worker, TAG_GRADIENT, t, "gradient")
+            staleness = self.version - version_read
+            self.record(worker, staleness, samples)
+            self.on_gradient(worker, self.incoming, staleness, samples)
+            return False
+        if tag != TAG_PULL:
+            raise ValueError(f"rank {t.rank}: unexpected message tag {tag} from rank {worker}")
+        granted = int(self.header[0])
+        if t.rank == 0:
+            granted = self.assign_batch(worker, granted)
+            granted = granted if 0 < granted <= self.budget else 0
+            self.budget -= granted
+        self.reply[:] = (granted, self.version, 0, 0)
+        p2p.send(self.reply, worker, TAG_REPLY, t, "pull reply")
+        if granted:
+            p2p.send(self.flat.data[self.shard], worker, TAG_PARAMS, t, "parameters")
+        return granted == 0
+
+    def assign_batch(self, worker: int, wanted: int) -> int:
+        """Server 0: the batch size ``worker`` takes next (here: what it asked for)."""
+        return wanted
+
+    def observe(self, worker: int, samples: int, compute_s: float) -> None:
+        """Server: a worker reports its batch and compute time with each push."""
+
+    def on_gradient(self, worker: int, grad: np.ndarray, staleness: int, samples: int) -> None:
+        """ASGD: apply every gradient at once, as it arrives."""
+        self.apply(grad, 1.0)
+
+    def finish_epoch(self) -> None:
+        """Server: called once every worker's epoch is over (softsync flushes here)."""
+
+    def apply(self, grad: np.ndarray, scale: float) -> None:
+        """One server update of this shard: SGD (with momentum for amsgd), lr x scale."""
+        with tracer().phase("optimizer"):
+            opt, shard = self.optimizer, self.shard
+            lr = opt.lr
+            if self.lr_schedule is not None:
+                round_samples = self.base_batch * self.topology.num_workers
+                lr = self.lr_schedule(self.samples_applied // round_samples)
+            momentum = opt.momentum if self.server_momentum else 0.0
+            sgd_update(self.flat.data[shard], grad, opt.state[shard], lr * scale, momentum,
+                       opt.weight_decay, opt.nesterov and self.server_momentum)
+        self.version += 1
+        self.stats["updates"] += 1
+
+    # -- statistics, result, checkpoints ----------------------------------------------------
+
+    def reset_stats(self) -> None:
+        """Zero this epoch's counters."""
+        self.stats_started = time.perf_counter()
+        self.stats: dict[str, Any] = {
+            "updates": 0, "busy_s": 0.0, "serve_s": 0.0,
+            "staleness_histogram": [0] * HISTOGRAM_BINS, "staleness_sum": 0,
+            "staleness_max": 0, "gradients": 0,
+            "worker_samples": {r: 0 for r in self.topology.worker_ranks},
+            "worker_steps": {r: 0 for r in self.topology.worker_ranks}}
+
+    def record(self, worker: int, staleness: int, samples: int) -> None:
+        """Count one arriving gradient: its staleness and its worker's samples."""
+        s = self.stats
+        s["staleness_histogram"][min(staleness, HISTOGRAM_BINS - 1)] += 1
+        s["staleness_sum"] += staleness
+        s["staleness_max"] = max(s["staleness_max"], staleness)
+        s["gradients"] += 1
+        s["worker_samples"][worker] += samples
+        s["worker_steps"][worker] += 1
+        self.samples_applied += samples
+
+    def epoch_stats(self) -> dict[str, Any]:
+        """Server 0's view of the epoch: updates, staleness, per-worker work, busy share."""
+        s = self.stats
+        if self.topology.rank != 0:
+            return {}
+        steps = s["worker_steps"]
+        return {
+            "updates": s["updates"], "gradients": s["gradients"],
+            "staleness_mean": s["staleness_sum"] / max(s["gradients"], 1),
+            "staleness_max": s["staleness_max"],
+            "staleness_histogram": s["staleness_histogram"],
+            "worker_samples": {str(r): n for r, n in s["worker_samples"].items()},
+            "worker_mean_batch": {str(r): s["worker_samples"][r] / max(steps[r], 1)
+                                  for r in steps},
+            "server_busy_share": s["busy_s"] / max(s["serve_s"], 1e-9)}
+
+    def consensus(self) -> np.ndarray:
+        """The servers' parameters, every slice broadcast from its server to every rank."""
+        for server, part in zip(self.topology.server_ranks, self.slices):
+            broadcast(self.flat.data[part], self.topology, server, "centre parameters")
+        return self.flat.data
+
+    def state_dict(self) -> dict[str, Any]:
+        """Steps, the server's version and the samples behind it."""
+        return dict(super().state_dict(), version=self.version,
+                    samples_applied=self.samples_applied)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        super().load_state_dict(state)
+        self.version, self.samples_applied = int(state["version"]), int(state["samples_applied"])

@@ -1,0 +1,160 @@
+"""SPMD, float64: the parameter-server family and hogwild against exact references."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from strategy_runs import CLASSES, FEATURES, build
+
+from minidp import Tensor, layers
+from minidp import functional as F
+from minidp.comm import Topology
+from minidp.optim import SGD
+from minidp.strategies.dbs import proportional_sizes
+
+world = MPI.COMM_WORLD
+BASE = 4
+_topologies = {}
+
+
+def topology(comm_size, servers, ranks_per_node=None):
+    """A topology over the first ``comm_size`` world ranks (None on the others)."""
+    key = (comm_size, servers, ranks_per_node)
+    if key not in _topologies:
+        sub = world.Split(0 if world.rank < comm_size else MPI.UNDEFINED, key=world.rank)
+        _topologies[key] = None if sub == MPI.COMM_NULL else Topology(sub, ranks_per_node,
+                                                                      servers)
+    return _topologies[key]
+
+
+def batch(epoch, worker, step, n):
+    rng = np.random.default_rng([11, epoch, worker, step])
+    return rng.standard_normal((n, FEATURES)), rng.integers(0, CLASSES, n)
+
+
+def gradient(model, x, y):
+    model.zero_grad()
+    F.cross_entropy(model(Tensor(x)), y).backward()
+
+
+def drive(name, topo, epochs=2, batches=3, optimizer=None, **options):
+    """Run the strategy's roles; returns (centre parameters, per-epoch stats, strategy)."""
+    s = build(name, topo, optimizer, **options)
+    s.plan(epochs, BASE)
+    stats = []
+    for epoch in range(epochs):
+        s.begin_epoch(epoch, batches)
+        if topo.role == "server":
+            s.serve()
+        else:
+            step = 0
+            while n := s.batch_size(BASE):
+                gradient(s.model, *batch(epoch, topo.rank, step, n))
+                s.step(step)
+                step += 1
+        s.end_epoch(epoch, 1.0)
+        centre = s.consensus().copy()
+        stats.append(topo.world.bcast(s.epoch_stats()))
+    return centre, stats, s
+
+
+def sequential(epochs, rounds, workers, optimizer=None, lr=0.1):
+    """Single-process SGD where step k of an epoch uses every worker's step-k batch."""
+    layers.manual_seed(0)
+    model = layers.mlp(FEATURES, (10,), CLASSES).to(np.float64)
+    opt = SGD(model.parameters(), lr=lr, **(optimizer or {}))
+    for epoch in range(epochs):
+        for k in range(rounds):
+            parts = [batch(epoch, w, k, BASE) for w in workers]
+            gradient(model, np.concatenate([p[0] for p in parts]),
+                     np.concatenate([p[1] for p in parts]))
+            opt.step()
+    return model.flat_parameters().data.copy()
+
+
+@pytest.mark.parametrize("name,optimizer", [("asgd", {}), ("amsgd", {"momentum": 0.9}),
+                                            ("amsgd", {"momentum": 0.9, "nesterov": True})])
+def test_one_worker_is_sequential_sgd_step_for_step(name, optimizer):
+    if world.size < 2:
+        return
+    topo = topology(2, 1)
+    if topo is not None:
+        got, stats, _ = drive(name, topo, optimizer=optimizer)
+        expected = sequential(2, 3, [1], optimizer)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
+        assert [s["updates"] for s in stats] == [3, 3]
+        assert [s["staleness_max"] for s in stats] == [0, 0]
+    world.Barrier()
+
+
+def test_softsync_n1_in_turn_is_synchronous_sgd():
+    if world.size < 2:
+        return
+    topo = topology(world.size, 1)
+    got, stats, _ = drive("softsync", topo, n=1, order="round_robin")
+    expected = sequential(2, 3, topo.worker_ranks)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
+    for s in stats:
+        assert s["updates"] == 3 and s["gradients"] == 3 * topo.num_workers
+        assert s["staleness_max"] == 0
+    assert np.abs(got - sequential(1, 1, topo.worker_ranks)).max() > 1e-3  # it moved
+
+
+def test_softsync_n_workers_in_turn_has_the_expected_staleness():
+    if world.size < 2:
+        return
+    topo = topology(world.size, 1)
+    workers = topo.num_workers
+    _, stats, _ = drive("softsync", topo, n=workers, order="round_robin")
+    # Every worker pulls, then every worker pushes: in each round the j-th push
+    # (0-based) finds j updates since its pull.
+    expected = [0] * 33
+    for j in range(workers):
+        expected[j] += 3
+    assert stats[0]["staleness_histogram"] == expected
+    assert stats[0]["updates"] == 3 * workers  # c = 1: one update per gradient
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_asgd_loses_no_gradient_and_uses_the_budget(servers):
+    if world.size <= servers:
+        with pytest.raises(ValueError, match="needs at least one worker"):
+            Topology(world, servers=servers)
+        return
+    topo = topology(world.size, servers)
+    centre, stats, s = drive("asgd", topo, batches=4, servers=servers)
+    assert np.all(np.isfinite(centre))
+    pushes = world.allreduce(s.steps if topo.role == "worker" else 0)
+    assert pushes == sum(st["gradients"] for st in stats) == sum(st["updates"] for st in stats)
+    for st in stats:
+        assert sum(st["worker_samples"].values()) == 4 * BASE * topo.num_workers
+    gathered = world.allgather(centre)
+    assert all(np.array_equal(g, gathered[0]) for g in gathered)
+
+
+def test_dbs_batch_sizes_sum_to_the_total_and_follow_the_speeds():
+    assert proportional_sizes(np.array([1.0, 2.0, 3.0]), 60, 1, 100).tolist() == [10, 20, 30]
+    assert proportional_sizes(np.ones(3), 64, 1, 100).sum() == 64
+    clamped = proportional_sizes(np.array([1.0, 10.0, 10.0]), 60, 8, 100)
+    assert clamped.tolist() == [8, 26, 26]
+    with pytest.raises(ValueError, match="cannot be split"):
+        proportional_sizes(np.ones(3), 60, 30, 100)
+    if world.size < 3:
+        return
+    topo = topology(world.size, 1)
+    _, stats, _ = drive("dbs", topo, epochs=2, batches=6, min_batch=1, max_batch=16)
+    last = stats[-1]
+    sizes, speeds = last["batch_sizes"], last["throughput"]
+    assert sum(sizes.values()) == BASE * topo.num_workers
+    total = sum(speeds.values())
+    for r, b in sizes.items():
+        if 1 < b < 16:
+            assert abs(b - BASE * topo.num_workers * speeds[r] / total) <= 1
+
+
+def test_hogwild_one_rank_per_node_ends_each_epoch_on_the_average():
+    topo = topology(world.size, 0, 1)
+    got, _, s = drive("hogwild", topo, epochs=2, batches=3)
+    gathered = world.allgather(got)
+    assert all(np.array_equal(g, gathered[0]) for g in gathered)
+    if world.size == 1:
+        np.testing.assert_allclose(got, sequential(2, 3, [0]), rtol=0, atol=1e-13)
