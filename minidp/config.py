@@ -67,6 +67,25 @@ class TrainConfig:
     stop_after: int | None = None
     comm_timeout: float | None = None
     progress: bool = True
+    slowdown: str | None = None
+
+    def slowdowns(self) -> dict[int, float]:
+        """``--slowdown "1:3,2:1.5"`` as {rank: factor}; empty when not given."""
+        found: dict[int, float] = {}
+        for item in (self.slowdown or "").split(","):
+            if not item.strip():
+                continue
+            rank, sep, factor = item.partition(":")
+            try:
+                r, f = int(rank), float(factor)
+            except ValueError:
+                r, f = -1, 0.0
+            if not sep or r < 0 or not (f >= 1 and f < float("inf")):
+                raise ValueError(f"--slowdown: got {item.strip()!r}, allowed: RANK:FACTOR "
+                                 "with RANK an int >= 0 and FACTOR a finite number >= 1, "
+                                 "comma-separated (e.g. 3:3,1:1.5)")
+            found[r] = f
+        return found
 
     def per_worker_batch(self, workers: int) -> int:
         """--batch-size, or --global-batch-size split evenly over the workers."""
@@ -101,6 +120,7 @@ class TrainConfig:
         _number("momentum", self.momentum, lambda v: 0 <= v < 1, "a number in [0, 1)")
         for name in ("weight_decay", "net_latency_us", "net_bandwidth_gbps"):
             _number(name, getattr(self, name), lambda v: v >= 0, "a number >= 0")
+        self.slowdowns()
         if self.comm_timeout is not None:
             _number("comm_timeout", self.comm_timeout, lambda v: v > 0, "seconds > 0")
         return self
@@ -123,7 +143,7 @@ def _number(name: str, value: Any, ok: Any, allowed: str) -> None:
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 HELP = {
     "model": f"one of {', '.join(MODELS)}", "dataset": f"one of {', '.join(DATASETS)}",
-    "strategy": "sync, hsgd, hbsgd or daso",
+    "strategy": ", ".join(names()),
     "batch_size": "samples per worker per step (default 64)",
     "global_batch_size": "samples per step over all workers (instead of --batch-size)",
     "optimizer": "sgd or lars", "schedule": "constant, cosine, step or poly (per step)",
@@ -138,6 +158,8 @@ HELP = {
     "checkpoint_every": "write a checkpoint every N epochs (0: never)",
     "stop_after": "stop after N epochs of this job (resume later)",
     "comm_timeout": "seconds a rank waits for others before naming the missing ones",
+    "slowdown": "RANK:FACTOR[,...]: make those ranks' compute FACTOR times slower "
+    "(stragglers on one machine)",
 }
 
 
@@ -186,7 +208,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for name, f in FIELDS.items():
         if name in ("options", "progress", "resume", "nesterov"):
             continue
-        kind = {"int | None": int, "float | None": float}.get(str(f.type), None)
+        kind = {"int | None": int, "float | None": float, "str | None": str}.get(str(f.type))
         kind = kind or {"int": int, "float": float, "str": str}[str(f.type)]
         add(f"--{_flag(name)}", type=kind, **opt,
             help=(HELP.get(name, "") + ("" if f.default is None else

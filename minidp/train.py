@@ -1,20 +1,25 @@
 """The Trainer: data, forward, backward, ``strategy.step()``; evaluation; the run's files.
 
-Every rank runs the same loop; the strategy decides what is communicated. Per epoch::
+The loop is driven by data, not by a count. Per epoch, on every rank::
 
-    strategy.begin_epoch  ->  for each batch: data | forward | backward | strategy.step
-    ->  strategy.end_epoch(mean training loss)  ->  evaluation on the test set, each
-    rank a contiguous block, sums reduced  ->  metrics.jsonl  ->  checkpoint if due
+    strategy.begin_epoch
+    worker: while n := strategy.batch_size(b): data(n) | forward | backward | strategy.step
+    server: strategy.serve()             (until every worker's epoch is over)
+    every rank: epoch timers and loss reduced -> strategy.end_epoch -> BatchNorm
+    statistics averaged over the workers -> evaluation of strategy.consensus() on the
+    test set (each rank a contiguous block, sums reduced) -> metrics.jsonl -> checkpoint
 
 Phases (``data, forward, backward, comm_intra, comm_inter, wait, optimizer``) are
-timed by the tracer; the communication layer reports its own. Outputs in ``--out``:
-``metrics.jsonl``, ``summary.json``, ``model.npz`` and ``trace.json`` (DESIGN.md s.3).
+timed by the tracer; the communication layer reports its own. ``--slowdown RANK:F``
+makes a rank's compute F times slower (it sleeps (F-1) x its measured forward and
+backward time, inside ``backward``), so stragglers can be shown on one machine.
+Outputs (:mod:`minidp.report`): ``metrics.jsonl``, ``model.npz`` (the evaluated
+model), ``summary.json``, then ``trace.json`` (DESIGN.md s.3).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import sys
@@ -29,21 +34,15 @@ from minidp import Tensor, backend, checkpoint, layers, no_grad, strategies, thr
 from minidp import functional as F
 from minidp.comm import NetworkModel, Topology, allreduce, guard, set_network_model
 from minidp.config import TrainConfig
-from minidp.io.datasets import NORMALIZATION, load_dataset, normalize
-from minidp.io.mdp import decode, read_header, write_mdp
-from minidp.io.readers import LeaderReader, MPIIOReader, Reader, open_reader
+from minidp.io.datasets import NORMALIZATION, normalize
+from minidp.io.readers import epoch_rng
+from minidp.io.training_data import open_training_data
 from minidp.optim import LARS, SGD, CosineLR, LRScheduler, PolynomialLR, Schedule, StepLR
 from minidp.optim.schedules import WarmupLR
-from minidp.trace import PHASES, Tracer, chrome_trace, set_tracer
+from minidp.report import RunFiles
+from minidp.trace import PHASES, Tracer, set_tracer
 
-
-def _atomic_write(path: str, write: Any, mode: str = "w") -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, mode) as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+COUNTERS = ("bytes_intra", "bytes_inter", "messages_intra", "messages_inter")
 
 
 class Trainer:
@@ -55,82 +54,46 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, comm: MPI.Comm | None = None) -> None:
-        self.config = config.check()
+        self.config = c = config.check()
         if backend.get_backend() != "numpy":
             raise ValueError(f"backend: got {backend.get_backend()!r}, allowed: 'numpy'; the "
                              "strategies keep their buffers in host shared-memory windows")
-        if config.comm_timeout is not None:
-            guard.set_timeout(config.comm_timeout)
-        self.topology = Topology(comm, config.ranks_per_node)
-        self.rank, self.size = self.topology.rank, self.topology.size
-        set_network_model(NetworkModel(config.net_latency_us, config.net_bandwidth_gbps))
+        if c.comm_timeout is not None:
+            guard.set_timeout(c.comm_timeout)
+        servers = strategies.strategy_class(c.strategy).servers_needed(c.options)
+        if servers >= (comm or MPI.COMM_WORLD).Get_size():
+            raise ValueError(f"--strategy {c.strategy}: needs {servers} server rank(s) and at "
+                             f"least one worker, got {(comm or MPI.COMM_WORLD).Get_size()} "
+                             f"rank(s); launch at least {servers + 1}")
+        self.topology = t = Topology(comm, c.ranks_per_node, servers)
+        self.rank, self.size, self.is_worker = t.rank, t.size, t.role == "worker"
+        set_network_model(NetworkModel(c.net_latency_us, c.net_bandwidth_gbps))
         self.tracer = set_tracer(Tracer(self.rank))
-        self.batch_size = config.per_worker_batch(self.size)
-        self.reader, self.test_x, self.test_y = self._open_data()
-        self.batches = self.reader.batches_per_epoch(self.batch_size)
-        self.mean, self.std = NORMALIZATION[config.dataset]
-        self.dtype = np.dtype(config.dtype)
+        self.batch_size = c.per_worker_batch(t.num_workers)
+        self.data = open_training_data(c.dataset, c.data_dir, c.reader, c.seed, c.train_samples,
+                                       c.test_samples, t)
+        if self.batch_size > self.data.samples_per_worker:
+            raise ValueError(f"rank {self.rank}: batch size {self.batch_size} for "
+                             f"{c.dataset!r}: allowed 1 to {self.data.samples_per_worker} "
+                             f"(samples per worker per epoch over {t.num_workers} workers)")
+        self.batches = self.data.samples_per_worker // self.batch_size
+        self.mean, self.std = NORMALIZATION[c.dataset]
+        self.dtype = np.dtype(c.dtype)
         self.model = self._build_model()
         self.optimizer = self._build_optimizer()
-        self.strategy = strategies.get(config.strategy, self.model, self.optimizer,
-                                       self.topology, allreduce=config.allreduce,
-                                       **config.options)
-        self.strategy.plan(config.epochs)
+        self.strategy = strategies.get(c.strategy, self.model, self.optimizer, t,
+                                       allreduce=c.allreduce, **c.options)
+        self.strategy.plan(c.epochs, self.batch_size, self._schedule())
         self.scheduler = LRScheduler(self.optimizer, self._schedule())
+        self.slowdown = c.slowdowns().get(self.rank, 1.0)
+        self.files = RunFiles(c.out, self.rank)
         self.history: list[dict[str, Any]] = []
         self.totals = {"elapsed_s": 0.0}
 
     # -- set-up -----------------------------------------------------------------------
 
-    def _paths(self) -> tuple[str, str]:
-        d, name = self.config.data_dir, self.config.dataset
-        return os.path.join(d, f"{name}-train.mdp"), os.path.join(d, f"{name}-test.mdp")
-
-    def _open_data(self) -> tuple[Reader, np.ndarray, np.ndarray]:
-        """Prepare missing files on rank 0, check that every rank sees them, open them."""
-        world, paths = self.topology.world, self._paths()
-        error = None
-        if self.rank == 0 and not all(os.path.exists(p) for p in paths):
-            try:
-                data = load_dataset(self.config.dataset, self.config.data_dir)
-                os.makedirs(self.config.data_dir, exist_ok=True)
-                for path, x, y in zip(paths, (data.x_train, data.x_test),
-                                      (data.y_train, data.y_test)):
-                    write_mdp(path, x, y, data.num_classes, progress=False)
-            except (OSError, ValueError) as exc:
-                error = str(exc)
-        error = world.bcast(error)
-        if error:
-            raise FileNotFoundError(f"rank {self.rank}: dataset {self.config.dataset!r}: no "
-                                    f".mdp files in '{self.config.data_dir}' and rank 0 could "
-                                    f"not prepare them: {error}")
-        problem = None
-        try:
-            for path in paths:
-                read_header(path)
-        except (OSError, ValueError) as exc:
-            problem = str(exc)
-        problems = world.allgather(problem)
-        bad = [r for r, p in enumerate(problems) if p]
-        if bad:
-            raise FileNotFoundError(f"rank {self.rank}: dataset files unusable on rank(s) "
-                                    f"{', '.join(map(str, bad))}: {problems[bad[0]]}; every rank "
-                                    "must read the same --data-dir (a shared file system)")
-        train, test = paths
-        if self.config.reader == "leader":
-            reader = LeaderReader(train, world, self.config.seed, self.config.train_samples,
-                                  ranks_per_node=self.config.ranks_per_node)
-        else:
-            reader = open_reader(self.config.reader, train, world, self.config.seed,
-                                 self.config.train_samples)
-        tests = MPIIOReader(test, world, limit=self.config.test_samples)
-        x, y = decode(np.concatenate(tests.read_block(0) or [np.empty(0, np.uint8)]),
-                      tests.header)
-        return reader, x, y
-
     def _build_model(self) -> layers.Module:
-        shape = self.reader.header.sample_shape
-        classes = self.reader.header.num_classes
+        shape, classes = self.data.header.sample_shape, self.data.header.num_classes
         layers.manual_seed(self.config.seed)  # rank 0's draw is broadcast by the strategy
         name = self.config.model
         if name == "mlp":
@@ -168,14 +131,12 @@ class Trainer:
         start = self._resume() if c.resume else 0
         if self.rank == 0:
             os.makedirs(c.out, exist_ok=True)
-            _atomic_write(os.path.join(c.out, "metrics.jsonl"),
-                          lambda f: f.writelines(json.dumps(m) + "\n" for m in self.history))
+        self.files.start_metrics(self.history)
         for epoch in range(start, c.epochs):
             metrics = self.train_epoch(epoch)
             self.history.append(metrics)
+            self.files.append_metrics(metrics)
             if self.rank == 0:
-                with open(os.path.join(c.out, "metrics.jsonl"), "a") as f:
-                    f.write(json.dumps(metrics) + "\n")
                 self._print_epoch(metrics)
             done = epoch + 1
             if c.checkpoint_every and (done % c.checkpoint_every == 0 or done == c.epochs):
@@ -190,91 +151,125 @@ class Trainer:
         tr.reset()
         self.strategy.begin_epoch(epoch, self.batches)
         self.model.train()
-        with tr.phase("data"):
-            stream = self.reader.epoch(epoch, self.batch_size)
-        loss_sum = 0.0
-        for batch in range(self.batches):
-            with tr.phase("data"):
-                x, y = stream.take(self.strategy.batch_size(self.batch_size))
-                x = normalize(x, self.mean, self.std).astype(self.dtype, copy=False)
-            with tr.phase("forward"):
-                self.optimizer.zero_grad()
-                loss = F.cross_entropy(self.model(Tensor(x)), y)
-            with tr.phase("backward"):
-                loss.backward()
-            self.strategy.step(batch)
-            self.scheduler.step()
-            value = loss.item()
-            if not np.isfinite(value):
-                raise FloatingPointError(f"rank {self.rank}: training loss is {value} at epoch "
-                                         f"{epoch + 1}, batch {batch}; lower --lr")
-            loss_sum += value
-            self._progress(epoch, batch)
+        if self.is_worker:
+            loss_sum, steps, samples = self._work(epoch)
+        else:
+            self.strategy.serve()
+            loss_sum, steps, samples = 0.0, 0, 0
         comm = sum(tr.seconds.get(p, 0.0) for p in ("comm_intra", "comm_inter", "wait"))
         seconds = np.array([tr.seconds.get(p, 0.0) for p in PHASES] +
                            [comm, time.perf_counter() - started])
         world = self.topology.world
         guard.wait(world.Iallreduce(MPI.IN_PLACE, seconds, op=MPI.MAX), world, "epoch timers")
-        train_loss = self._world_sum(np.array([loss_sum / self.batches]))[0] / self.size
-        self.strategy.end_epoch(epoch, float(train_loss))
+        loss_sum, steps, samples = self._world_sum(np.array([loss_sum, steps, samples]))
+        train_loss = float(loss_sum / max(steps, 1))
+        self.strategy.end_epoch(epoch, train_loss)
         self._average_buffers()
         for key in ("bytes_intra", "bytes_inter", "messages_intra", "messages_inter"):
             self.totals[key] = self.totals.get(key, 0) + tr.counters.get(key, 0)
         test_loss, accuracy = self.evaluate()
         wall = float(seconds[-1])
         self.totals["elapsed_s"] += wall
-        return {"epoch": epoch + 1, "train_loss": float(train_loss), "test_loss": test_loss,
-                "test_accuracy": accuracy, "wall_s": wall,
-                "samples": self.batches * self.batch_size * self.size,
-                "phases": {p: float(s) for p, s in zip(PHASES, seconds)},
-                "comm_s": float(seconds[-2])}
+        metrics = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss,
+                   "test_accuracy": accuracy, "wall_s": wall, "samples": int(samples),
+                   "steps": int(steps), "phases": {p: float(s) for p, s in zip(PHASES, seconds)},
+                   "comm_s": float(seconds[-2])}
+        stats = self.strategy.epoch_stats()
+        if stats:
+            metrics["strategy"] = stats
+        return metrics
+
+    def _work(self, epoch: int) -> tuple[float, int, int]:
+        """A worker's epoch: batches of the sizes the strategy gives, until it says stop."""
+        tr, c = self.tracer, self.config
+        with tr.phase("data"):
+            stream = self.data.reader.epoch(epoch, self.batch_size)
+        loss_sum, steps, samples, passes = 0.0, 0, 0, 0
+        while n := self.strategy.batch_size(self.batch_size):
+            with tr.phase("data"):
+                batch = stream.take(n)
+                if batch is None:  # faster than its share (asynchronous): another pass
+                    passes += 1
+                    stream.rewind(epoch_rng(c.seed, epoch, self.rank + passes * self.size))
+                    batch = stream.take(n)
+                if batch is None:
+                    raise ValueError(f"rank {self.rank}: batch of {n} samples asked by "
+                                     f"{c.strategy}, but this worker's shard holds "
+                                     f"{stream.remaining}; use fewer workers or smaller batches")
+                x = normalize(batch[0], self.mean, self.std).astype(self.dtype, copy=False)
+            computed = time.perf_counter()
+            with tr.phase("forward"):
+                self.optimizer.zero_grad()
+                loss = F.cross_entropy(self.model(Tensor(x)), batch[1])
+            with tr.phase("backward"):
+                loss.backward()
+                if self.slowdown > 1:
+                    time.sleep((self.slowdown - 1) * (time.perf_counter() - computed))
+            self.strategy.step(steps)
+            self.scheduler.step()
+            value = loss.item()
+            if not np.isfinite(value):
+                raise FloatingPointError(f"rank {self.rank}: training loss is {value} at epoch "
+                                         f"{epoch + 1}, step {steps}; lower --lr")
+            loss_sum, steps, samples = loss_sum + value, steps + 1, samples + n
+            self._progress(epoch, steps)
+        return loss_sum, steps, samples
 
     def _world_sum(self, values: np.ndarray) -> np.ndarray:
         return allreduce(values.astype(np.float64), self.topology, "mpi")
 
     def _average_buffers(self) -> None:
-        """BatchNorm statistics: averaged over ranks at each epoch's end (one model)."""
+        """BatchNorm statistics: averaged over the workers at each epoch's end (one model)."""
         buffers = self.strategy.float_buffers()
-        if buffers:
-            flat = self._world_sum(np.concatenate([b.reshape(-1) for b in buffers]))
-            offset = 0
-            for b in buffers:
-                b[...] = (flat[offset:offset + b.size] / self.size).reshape(b.shape)
-                offset += b.size
+        if not buffers:
+            return
+        flat = np.concatenate([b.reshape(-1) for b in buffers]).astype(np.float64)
+        if not self.is_worker:
+            flat[...] = 0  # servers hold no statistics of their own
+        flat = self._world_sum(flat) / self.topology.num_workers
+        offset = 0
+        for b in buffers:
+            b[...] = flat[offset:offset + b.size].reshape(b.shape)
+            offset += b.size
 
     def evaluate(self) -> tuple[float, float]:
-        """(mean loss, accuracy) on the test set: each rank its block, sums reduced."""
+        """(mean loss, accuracy) of the consensus model: each rank its test block, sums reduced."""
+        flat = self.strategy.flat
+        own = flat.data.copy()
+        flat.data[...] = self.strategy.consensus()
         self.model.eval()
         sums = np.zeros(3)
+        x_all, y_all = self.data.test_x, self.data.test_y
         with no_grad():
-            for i in range(0, len(self.test_y), 1000):
-                x = normalize(self.test_x[i:i + 1000], self.mean, self.std).astype(self.dtype)
-                y = self.test_y[i:i + 1000]
+            for i in range(0, len(y_all), 1000):
+                x = normalize(x_all[i:i + 1000], self.mean, self.std).astype(self.dtype)
+                y = y_all[i:i + 1000]
                 out = self.model(Tensor(x))
                 sums[0] += F.cross_entropy(out, y, reduction="sum").item()
                 sums[1] += int((out.data.argmax(axis=1) == y).sum())
                 sums[2] += len(y)
         self.model.train()
+        flat.data[...] = own
         total = self._world_sum(sums)
         return float(total[0] / total[2]), float(total[1] / total[2])
 
     # -- output ---------------------------------------------------------------------------
 
-    def _progress(self, epoch: int, batch: int) -> None:
-        if self.rank or not self.config.progress or not sys.stderr.isatty():
+    def _progress(self, epoch: int, steps: int) -> None:
+        if self.rank != self.topology.worker_ranks[0] or not self.config.progress or \
+                not sys.stderr.isatty():
             return
-        done = (batch + 1) / self.batches
+        done = min(steps / max(self.batches, 1), 1.0)
         sys.stderr.write(f"\repoch {epoch + 1}/{self.config.epochs} "
-                         f"[{'#' * int(30 * done):<30}] {batch + 1}/{self.batches}")
-        if batch + 1 == self.batches:
-            sys.stderr.write("\r" + " " * 60 + "\r")
+                         f"[{'#' * int(30 * done):<30}] {steps}/{self.batches}")
         sys.stderr.flush()
 
     def _print_epoch(self, m: dict[str, Any]) -> None:
-        comm = m["comm_s"]
+        if self.config.progress and sys.stderr.isatty():
+            sys.stderr.write("\r" + " " * 60 + "\r")
         print(f"epoch {m['epoch']}/{self.config.epochs}: train loss {m['train_loss']:.4f}  "
               f"test loss {m['test_loss']:.4f}  test accuracy {m['test_accuracy']:.2%}  "
-              f"{m['wall_s']:.1f} s (communication {comm / m['wall_s']:.0%})", flush=True)
+              f"{m['wall_s']:.1f} s (communication {m['comm_s'] / m['wall_s']:.0%})", flush=True)
 
     def consensus_state(self) -> dict[str, np.ndarray]:
         """The result model's state_dict (the strategy's consensus parameters)."""
@@ -286,23 +281,15 @@ class Trainer:
         return state
 
     def _finish(self) -> dict[str, Any]:
-        events = self.topology.world.gather(self.tracer.events, root=0)
-        counters = {k: int(v) for k, v in self.totals.items() if k != "elapsed_s"}
-        per_rank = self.topology.world.gather(counters, root=0)
         state = self.consensus_state()
-        summary = None
-        if self.rank == 0:
-            out = self.config.out
-            _atomic_write(os.path.join(out, "model.npz"), lambda f: np.savez(f, **state), "wb")
-            _atomic_write(os.path.join(out, "trace.json"),
-                          lambda f: json.dump(chrome_trace(events), f))
-            summary = self._summary(per_rank)
-            _atomic_write(os.path.join(out, "summary.json"),
-                          lambda f: json.dump(summary, f, indent=1))
-        return self.topology.world.bcast(summary)
+        counters = np.array([self.totals.get(k, 0) for k in COUNTERS], np.float64)
+        totals = self._world_sum(counters)
+        summary = self._summary(dict(zip(COUNTERS, totals.astype(int).tolist())))
+        self.files.write_results(state, summary)
+        self.files.write_trace(self.tracer.events, self.topology.world)
+        return summary
 
-    def _summary(self, per_rank: list[dict[str, int]]) -> dict[str, Any]:
-        totals = {k: sum(r.get(k, 0) for r in per_rank) for k in per_rank[0]}
+    def _summary(self, totals: dict[str, int]) -> dict[str, Any]:
         last = self.history[-1] if self.history else {}
         return {
             "config": dataclasses.asdict(self.config),
@@ -310,14 +297,13 @@ class Trainer:
             "batches_per_epoch": self.batches, "batch_size_per_worker": self.batch_size,
             "versions": {"minidp": minidp.__version__, "python": platform.python_version(),
                          "numpy": np.__version__, "mpi4py": __import__("mpi4py").__version__,
-                         "mpi": MPI.Get_library_version().strip().splitlines()[0]},
+                         "mpi": MPI.Get_library_version().strip("\x00 \n").splitlines()[0]},
             "threads_per_rank": threads.threads_per_rank(),
             "final": {k: last.get(k) for k in ("epoch", "train_loss", "test_loss",
                                                "test_accuracy")},
-            "bytes_sent": {"intra": totals.get("bytes_intra", 0),
-                           "inter": totals.get("bytes_inter", 0)},
-            "messages_sent": {"intra": totals.get("messages_intra", 0),
-                              "inter": totals.get("messages_inter", 0)},
+            "bytes_sent": {"intra": totals["bytes_intra"], "inter": totals["bytes_inter"]},
+            "messages_sent": {"intra": totals["messages_intra"],
+                              "inter": totals["messages_inter"]},
             "wall_s": self.totals["elapsed_s"],
             "epochs": self.history,
         }
