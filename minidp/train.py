@@ -174,7 +174,7 @@ class Trainer:
                    "test_accuracy": accuracy, "wall_s": wall, "samples": int(samples),
                    "steps": int(steps), "phases": {p: float(s) for p, s in zip(PHASES, seconds)},
                    "comm_s": float(seconds[-2])}
-        stats = self.strategy.epoch_stats()
+        stats = world.bcast(self.strategy.epoch_stats())  # rank 0's, on every rank
         if stats:
             metrics["strategy"] = stats
         return metrics

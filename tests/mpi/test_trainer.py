@@ -24,8 +24,8 @@ def data_dir(tmp_path_factory):
 
 
 def config(data_dir, tmp, **kw):
-    return TrainConfig(dataset="synthetic", model="mlp", epochs=1, batch_size=8,
-                       data_dir=data_dir, out=str(tmp), progress=False, **kw)
+    return TrainConfig(**dict(dict(dataset="synthetic", model="mlp", epochs=1, batch_size=8,
+                                   data_dir=data_dir, out=str(tmp), progress=False), **kw))
 
 
 def test_dataset_missing_on_some_ranks_is_an_error_on_every_rank(data_dir, tmp_path):
@@ -40,8 +40,42 @@ def test_dataset_missing_on_some_ranks_is_an_error_on_every_rank(data_dir, tmp_p
 
 def test_evaluation_covers_the_test_set_once(data_dir, tmp_path):
     trainer = Trainer(config(data_dir, world.bcast(str(tmp_path)), test_samples=101))
-    counts = world.allgather(len(trainer.test_y))
+    counts = world.allgather(len(trainer.data.test_y))
     assert sum(counts) == 101 and max(counts) - min(counts) <= 1
     loss, accuracy = trainer.evaluate()
     assert world.allgather((loss, accuracy)) == [(loss, accuracy)] * world.size
     assert 0 <= accuracy <= 1 and np.isfinite(loss)
+
+
+@pytest.mark.parametrize("strategy,options", [("asgd", {}), ("dbs", {}),
+                                              ("softsync", {"n": 1}), ("asgd", {"servers": 2})])
+def test_parameter_server_epochs_use_every_sample_once(data_dir, tmp_path, strategy, options):
+    servers = options.get("servers", 1)
+    if world.size <= servers:
+        with pytest.raises(ValueError, match=f"needs {servers} server rank"):
+            Trainer(config(data_dir, tmp_path, strategy=strategy, options=options))
+        return
+    out = world.bcast(str(tmp_path))
+    trainer = Trainer(config(data_dir, out, strategy=strategy, epochs=2, options=options,
+                             slowdown=f"{world.size - 1}:2"))
+    assert trainer.topology.role == ("server" if world.rank < servers else "worker")
+    summary = trainer.fit()
+    workers = world.size - servers
+    for m in summary["epochs"]:
+        stats = m["strategy"]
+        assert sum(stats["worker_samples"].values()) == m["samples"]
+        assert stats["gradients"] == m["steps"]
+        if strategy != "dbs":
+            assert m["samples"] == trainer.batches * 8 * workers
+        else:
+            assert trainer.batches * 8 * workers - 4 * 8 < m["samples"] <= \
+                trainer.batches * 8 * workers
+        assert 0 <= stats["server_busy_share"] <= 1
+    centre = trainer.strategy.consensus().copy()
+    assert all(np.array_equal(c, centre) for c in world.allgather(centre))
+    if world.rank == 0:
+        model = np.load(f"{out}/model.npz")
+        state = trainer.model.state_dict()
+        trainer.strategy.flat.data[...] = centre
+        for key in model.files:
+            np.testing.assert_array_equal(model[key], np.asarray(state[key]))
