@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from minidp.optim.schedules import Schedule
 from minidp.strategies.base import Option
 from minidp.strategies.ps import ParameterServer
 
@@ -32,8 +33,8 @@ from minidp.strategies.ps import ParameterServer
 def proportional_sizes(speeds: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
     """Integer sizes proportional to ``speeds``, summing to ``total``, each in [low, high].
 
-    Largest-remainder rounding; sizes that hit a bound are fixed there and the rest of
-    the total is shared again among the others, in proportion to their speeds.
+    Largest-remainder rounding; the size furthest outside a bound is fixed there and the
+    rest of the total is shared again among the others, in proportion to their speeds.
     """
     speeds = np.asarray(speeds, dtype=np.float64)
     n = len(speeds)
@@ -46,12 +47,15 @@ def proportional_sizes(speeds: np.ndarray, total: int, low: int, high: int) -> n
     free = np.ones(n, bool)
     while True:
         share = (total - sizes[~free].sum()) * speeds[free] / speeds[free].sum()
-        low_hit, high_hit = share < low, share > high
-        if not low_hit.any() and not high_hit.any():
+        # Fix only the worst violation per pass: fixing every violation at once can
+        # overshoot the total (a low bound raised, then the rest pushed over the high).
+        excess = np.maximum(low - share, share - high)
+        worst = int(np.argmax(excess))
+        if excess[worst] <= 0:
             break
-        index = np.flatnonzero(free)
-        sizes[index[low_hit]], sizes[index[high_hit]] = low, high
-        free[index[low_hit | high_hit]] = False
+        index = np.flatnonzero(free)[worst]
+        sizes[index] = low if share[worst] < low else high
+        free[index] = False
     floor = np.floor(share).astype(np.int64)
     left = total - sizes[~free].sum() - floor.sum()
     floor[np.argsort(-(share - floor), kind="stable")[:left]] += 1
@@ -89,6 +93,12 @@ class DynamicBatchSGD(ParameterServer):
         self.allocated_speeds = dict(self.speeds)  # the speeds the sizes were computed from
         self.since_rebalance = 0
         self.history: list[list[int]] = []  # the sizes after each re-allocation this epoch
+
+    def plan(self, total_epochs: int, base_batch: int = 1,
+             lr_schedule: Schedule | None = None) -> None:
+        """Check the batch bounds against --batch-size before training starts."""
+        super().plan(total_epochs, base_batch, lr_schedule)
+        self.bounds()
 
     def bounds(self) -> tuple[int, int]:
         """(min_batch, max_batch) with their defaults resolved against --batch-size."""
@@ -144,10 +154,14 @@ class DynamicBatchSGD(ParameterServer):
     def state_dict(self) -> dict[str, Any]:
         """ASGD's state plus speeds and sizes (JSON keys are strings)."""
         return dict(super().state_dict(), speeds={str(r): v for r, v in self.speeds.items()},
-                    sizes={str(r): b for r, b in self.sizes.items()})
+                    sizes={str(r): b for r, b in self.sizes.items()},
+                    allocated={str(r): v for r, v in self.allocated_speeds.items()},
+                    since_rebalance=self.since_rebalance)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state)
         self.speeds = {int(r): float(v) for r, v in state["speeds"].items()}
         self.sizes = {int(r): int(b) for r, b in state["sizes"].items()}
+        self.allocated_speeds = {int(r): float(v) for r, v in state["allocated"].items()}
+        self.since_rebalance = int(state["since_rebalance"])

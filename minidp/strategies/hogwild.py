@@ -13,6 +13,7 @@ import numpy as np
 
 from minidp.comm import SharedArray, rail_allreduce
 from minidp.kernels import sgd_update
+from minidp.optim import SGD
 from minidp.strategies.base import Option, Strategy
 from minidp.trace import tracer
 
@@ -49,6 +50,9 @@ class HogwildSGD(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         t = self.topology
+        if not isinstance(self.optimizer, SGD):
+            raise ValueError(f"rank {t.rank}: --optimizer: got "
+                             f"{type(self.optimizer).__name__}, allowed with hogwild: sgd")
         # One segment per local rank; the node's parameters live in local rank 0's.
         self.window = SharedArray(t.node, self.flat.size, self.flat.data.dtype)
         self.shared = self.window.whole[0]

@@ -28,6 +28,7 @@ import numpy as np
 from minidp.comm import broadcast, p2p
 from minidp.comm.allreduce import chunk_bounds
 from minidp.kernels import sgd_update
+from minidp.optim import SGD
 from minidp.strategies.base import Option, Strategy
 from minidp.trace import tracer
 
@@ -53,7 +54,9 @@ class ParameterServer(Strategy):
         on_gradient: here w <- w - lr * g at once, version += 1), a DONE.
 
     Staleness of a gradient = server version when it is applied - version pulled.
-    Workers wait only for their own pulls; the server waits only when idle. With one
+    Workers wait for their own pulls (and, for large gradients, until the server takes
+    their push: MPI's rendezvous); they never wait for each other. The server waits only
+    when idle. With one
     worker this is exactly sequential SGD; with ``order=round_robin`` (one server) the
     server takes the workers' messages in turn, which makes runs deterministic for tests.
     """
@@ -85,6 +88,10 @@ class ParameterServer(Strategy):
         self.granted, self.pulled_at = 0, 0.0
         self.version = 0  # updates this server has applied over the run
         self.samples_applied = 0  # samples behind those updates (the LR schedule's clock)
+        if not isinstance(self.optimizer, SGD):
+            raise ValueError(f"rank {t.rank}: --optimizer: got "
+                             f"{type(self.optimizer).__name__}, allowed with {self.name}: sgd "
+                             "(the server applies SGD to its parameter slice)")
         if t.role == "server":
             self.shard = self.slices[t.rank]
             self.incoming = np.empty(self.shard.stop - self.shard.start, self.flat.data.dtype)
@@ -165,6 +172,7 @@ class ParameterServer(Strategy):
             staleness = self.version - version_read
             self.record(worker, staleness, samples)
             self.on_gradient(worker, self.incoming, staleness, samples)
+            self.samples_applied += samples  # after: the LR of this gradient is its round's
             return False
         if tag != TAG_PULL:
             raise ValueError(f"rank {t.rank}: unexpected message tag {tag} from rank {worker}")
@@ -194,7 +202,10 @@ class ParameterServer(Strategy):
         """Server: called once every worker's epoch is over (softsync flushes here)."""
 
     def apply(self, grad: np.ndarray, scale: float) -> None:
-        """One server update of this shard: SGD (with momentum for amsgd), lr x scale."""
+        """One server update of this shard: SGD (momentum for amsgd) on ``scale`` x grad.
+
+        The gradient is scaled, not the rate, so weight decay acts once per update.
+        """
         with tracer().phase("optimizer"):
             opt, shard = self.optimizer, self.shard
             lr = opt.lr
@@ -202,7 +213,9 @@ class ParameterServer(Strategy):
                 round_samples = self.base_batch * self.topology.num_workers
                 lr = self.lr_schedule(self.samples_applied // round_samples)
             momentum = opt.momentum if self.server_momentum else 0.0
-            sgd_update(self.flat.data[shard], grad, opt.state[shard], lr * scale, momentum,
+            if scale != 1.0:
+                grad = grad * scale
+            sgd_update(self.flat.data[shard], grad, opt.state[shard], lr, momentum,
                        opt.weight_decay, opt.nesterov and self.server_momentum)
         self.version += 1
         self.stats["updates"] += 1
@@ -228,7 +241,6 @@ class ParameterServer(Strategy):
         s["gradients"] += 1
         s["worker_samples"][worker] += samples
         s["worker_steps"][worker] += 1
-        self.samples_applied += samples
 
     def epoch_stats(self) -> dict[str, Any]:
         """Server 0's view of the epoch: updates, staleness, per-worker work, busy share."""

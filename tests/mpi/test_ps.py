@@ -8,7 +8,7 @@ from strategy_runs import CLASSES, FEATURES, build
 from minidp import Tensor, layers
 from minidp import functional as F
 from minidp.comm import Topology
-from minidp.optim import SGD
+from minidp.optim import SGD, LRScheduler, StepLR
 from minidp.strategies.dbs import proportional_sizes
 
 world = MPI.COMM_WORLD
@@ -36,10 +36,10 @@ def gradient(model, x, y):
     F.cross_entropy(model(Tensor(x)), y).backward()
 
 
-def drive(name, topo, epochs=2, batches=3, optimizer=None, **options):
+def drive(name, topo, epochs=2, batches=3, optimizer=None, schedule=None, **options):
     """Run the strategy's roles; returns (centre parameters, per-epoch stats, strategy)."""
     s = build(name, topo, optimizer, **options)
-    s.plan(epochs, BASE)
+    s.plan(epochs, BASE, schedule)
     stats = []
     for epoch in range(epochs):
         s.begin_epoch(epoch, batches)
@@ -57,17 +57,20 @@ def drive(name, topo, epochs=2, batches=3, optimizer=None, **options):
     return centre, stats, s
 
 
-def sequential(epochs, rounds, workers, optimizer=None, lr=0.1):
+def sequential(epochs, rounds, workers, optimizer=None, lr=0.1, schedule=None):
     """Single-process SGD where step k of an epoch uses every worker's step-k batch."""
     layers.manual_seed(0)
     model = layers.mlp(FEATURES, (10,), CLASSES).to(np.float64)
     opt = SGD(model.parameters(), lr=lr, **(optimizer or {}))
+    scheduler = LRScheduler(opt, schedule) if schedule else None
     for epoch in range(epochs):
         for k in range(rounds):
             parts = [batch(epoch, w, k, BASE) for w in workers]
             gradient(model, np.concatenate([p[0] for p in parts]),
                      np.concatenate([p[1] for p in parts]))
             opt.step()
+            if scheduler:
+                scheduler.step()
     return model.flat_parameters().data.copy()
 
 
@@ -86,12 +89,13 @@ def test_one_worker_is_sequential_sgd_step_for_step(name, optimizer):
     world.Barrier()
 
 
-def test_softsync_n1_in_turn_is_synchronous_sgd():
+@pytest.mark.parametrize("schedule", [None, StepLR(0.1, 2)])
+def test_softsync_n1_in_turn_is_synchronous_sgd(schedule):
     if world.size < 2:
         return
     topo = topology(world.size, 1)
-    got, stats, _ = drive("softsync", topo, n=1, order="round_robin")
-    expected = sequential(2, 3, topo.worker_ranks)
+    got, stats, _ = drive("softsync", topo, n=1, order="round_robin", schedule=schedule)
+    expected = sequential(2, 3, topo.worker_ranks, schedule=schedule)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
     for s in stats:
         assert s["updates"] == 3 and s["gradients"] == 3 * topo.num_workers
@@ -136,6 +140,8 @@ def test_dbs_batch_sizes_sum_to_the_total_and_follow_the_speeds():
     assert proportional_sizes(np.ones(3), 64, 1, 100).sum() == 64
     clamped = proportional_sizes(np.array([1.0, 10.0, 10.0]), 60, 8, 100)
     assert clamped.tolist() == [8, 26, 26]
+    assert proportional_sizes(np.array([1.0, 3.0, 100.0]), 12, 2, 6).tolist() == [2, 4, 6]
+    assert proportional_sizes(np.array([1.0] * 5 + [20.0]), 48, 2, 32).sum() == 48
     with pytest.raises(ValueError, match="cannot be split"):
         proportional_sizes(np.ones(3), 60, 30, 100)
     if world.size < 3:
