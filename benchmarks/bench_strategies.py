@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, strategy: str, sets: list[str], out: str) -> d
            "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--momentum", "0.9",
            "--net-latency-us", str(args.net_latency_us),
            "--net-bandwidth-gbps", str(args.net_bandwidth_gbps), "--data-dir", args.data_dir,
-           "--no-progress", "--out", out]
+           "--no-progress", "--overwrite", "--out", out]
     for item in sets:
         cmd += ["--set", item]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)

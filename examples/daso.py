@@ -16,7 +16,8 @@ from minidp.train import Trainer
 config = TrainConfig(model="mlp", dataset="fashion-mnist", strategy="daso", epochs=5,
                      batch_size=64, lr=0.05, momentum=0.9, ranks_per_node=2,
                      net_latency_us=50, net_bandwidth_gbps=1, progress=False,
-                     options={"warmup_epochs": 1, "cooldown_epochs": 1}, out="runs/example-daso")
+                     options={"warmup_epochs": 1, "cooldown_epochs": 1}, out="runs/example-daso",
+                     overwrite=True)
 trainer = Trainer(config)
 for epoch in range(config.epochs):
     skips = trainer.strategy.schedule.values

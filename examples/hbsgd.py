@@ -16,7 +16,8 @@ for k in (1, 8):
     config = TrainConfig(model="lenet5", dataset="fashion-mnist", strategy="hbsgd", epochs=2,
                          batch_size=64, lr=0.05, momentum=0.9, ranks_per_node=2,
                          net_latency_us=50, net_bandwidth_gbps=1, options={"k": k},
-                         out=f"runs/example-hbsgd-k{k}", progress=False)
+                         out=f"runs/example-hbsgd-k{k}", overwrite=True,
+                         progress=False)
     summary = Trainer(config).fit()
     if MPI.COMM_WORLD.rank == 0:
         print(f"K = {k}: {summary['final']['test_accuracy']:.2%}, {summary['wall_s']:.1f} s, "

@@ -19,7 +19,7 @@ from minidp.train import Trainer
 config = TrainConfig(model="lenet5", dataset="fashion-mnist", strategy="hsgd", epochs=4,
                      batch_size=64, optimizer="lars", lr=20.0, momentum=0.9,
                      trust_coefficient=0.001, weight_decay=5e-4, schedule="poly",
-                     warmup_epochs=1, ranks_per_node=2, out="runs/example-hsgd",
+                     warmup_epochs=1, ranks_per_node=2, out="runs/example-hsgd", overwrite=True,
                      options={"average": "gradients"})
 summary = Trainer(config).fit()
 if MPI.COMM_WORLD.rank == 0:

@@ -1,8 +1,11 @@
 """Command line: ``python -m minidp train|info|data prepare``.
 
-Run distributed jobs under ``mpiexec -n N python -m mpi4py -m minidp train ...``; without
-``-m mpi4py`` minidp installs its own hook, so an exception on one rank still aborts
-every rank. Bad settings are reported by rank 0 and exit with status 2 on every rank.
+Run distributed jobs under ``mpiexec -n N python -m mpi4py -m minidp train ...`` or,
+installed, ``mpiexec -n N minidp train ...`` (the console script does what ``-m mpi4py``
+does); without either, minidp installs its own hook, so an exception on one rank still
+aborts every rank. A user error (bad setting, refused --out or --resume, bad
+``MINIDP_*`` variable) is one line ``error: ...`` with exit status 2: printed once, by
+rank 0, when every rank has the same error, else by each rank, and the job is aborted.
 """
 
 from __future__ import annotations
@@ -11,11 +14,17 @@ import argparse
 import json
 import os
 import platform
+import re
 import sys
+import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import minidp
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 
 def info(_: argparse.Namespace) -> int:
@@ -53,26 +62,35 @@ def data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def phase_table(history: list[dict]) -> str:
-    """A short table: accuracy, wall time and seconds per phase for every epoch.
+AGREE_S = 5.0  # how long a failed rank waits to learn whether every rank failed alike
 
-    Phases are the maximum over ranks; "comm %" is the largest share of one rank's
-    epoch spent communicating or waiting (comm_intra + comm_inter + wait).
+
+def report_error(exc: BaseException, errors: MPI.Comm) -> int:
+    """Print a user error once if every rank of ``errors`` has it, else per rank and abort.
+
+    Every failed rank enters a barrier on ``errors`` (a communicator of its own, so it
+    cannot meet another collective); if all ranks arrive within :data:`AGREE_S` seconds,
+    their messages are compared without the ``rank N:`` prefix and rank 0 prints the
+    common one. Otherwise (one rank failed, or they differ) each prints its own and a job
+    of several ranks is aborted, so no rank is left waiting. Returns the exit status, 2.
     """
-    from minidp.trace import PHASES
-
-    head = ["epoch", "test acc", "wall s", *PHASES, "comm %"]
-    rows = []
-    for m in history:
-        comm = m["comm_s"]
-        rows.append([str(m["epoch"]), f"{m['test_accuracy']:.2%}", f"{m['wall_s']:.1f}",
-                     *(f"{m['phases'][p]:.2f}" for p in PHASES),
-                     f"{comm / m['wall_s']:.0%}"])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    lines = [" | ".join(h.rjust(w) for h, w in zip(head, widths)),
-             "-|-".join("-" * w for w in widths)]
-    lines += [" | ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)
+    message = " ".join(str(exc).split("\n"))
+    arrived, deadline = errors.Ibarrier(), time.monotonic() + AGREE_S
+    while not arrived.Test():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.002)
+    else:
+        common = {re.sub(r"^rank \d+: ", "", m) for m in errors.allgather(message)}
+        if len(common) == 1:
+            if errors.Get_rank() == 0:
+                print(f"error: {common.pop()}", file=sys.stderr, flush=True)
+            errors.Barrier()  # under -m mpi4py, exit status 2 aborts: not before the print
+            return 2
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    if errors.Get_size() > 1:
+        errors.Abort(2)
+    return 2
 
 
 def train(args: argparse.Namespace) -> int:
@@ -81,32 +99,28 @@ def train(args: argparse.Namespace) -> int:
 
     from minidp.comm import guard
     from minidp.config import from_args
+    from minidp.report import phase_table
     from minidp.train import Trainer
 
     guard.install_abort_hook()
-    rank = MPI.COMM_WORLD.Get_rank()
+    errors = MPI.COMM_WORLD.Dup()
+    rank = errors.Get_rank()
     try:
+        guard.comm_timeout()  # a bad MINIDP_* is a user error too, reported like a flag
+        guard.debug_checks()
         config = from_args(args)
-    except (ValueError, TypeError, OSError) as exc:
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
         trainer = Trainer(config)
         if rank == 0:
-            t = trainer.topology
-            print(f"minidp train: {config.strategy} on {t.size} rank(s) = {t.num_nodes} node(s) "
-                  f"x {t.local_size}, {config.model} on {config.dataset} ({trainer.batches} "
-                  f"batches of {trainer.batch_size} per rank per epoch), out: {config.out}",
-                  flush=True)
+            t = trainer.topology.describe()
+            roles = f" ({t['servers']} server(s), {t['workers']} worker(s))" if t["servers"] \
+                else ""
+            print(f"minidp train: {config.strategy} on {t['world_size']} rank(s) = "
+                  f"{t['num_nodes']} node(s) x {t['ranks_per_node']}{roles}, {config.model} on "
+                  f"{config.dataset} ({trainer.batches} batches of {trainer.batch_size} per "
+                  "worker per epoch)", flush=True)
         summary = trainer.fit()
     except (ValueError, TypeError, OSError, FloatingPointError) as exc:
-        # Setup checks raise alike on every rank; anything else must not leave the other
-        # ranks waiting in a collective, so a job of several ranks is aborted.
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        if MPI.COMM_WORLD.Get_size() > 1:
-            MPI.COMM_WORLD.Abort(2)
-        return 2
+        return report_error(exc, errors)
     if rank == 0:
         print(phase_table(summary["epochs"]))
         print(f"final test accuracy {summary['final']['test_accuracy']:.2%} after "
@@ -140,6 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def console() -> None:
+    """The ``minidp`` console script: ``python -m mpi4py -m minidp`` in one word.
+
+    It installs minidp's abort hook before anything runs, so an uncaught exception on one
+    rank prints that rank's traceback and aborts every rank, as ``-m mpi4py`` does.
+    """
+    from minidp.comm import guard
+
+    guard.install_abort_hook()
+    sys.exit(main())
 
 
 if __name__ == "__main__":

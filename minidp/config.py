@@ -9,15 +9,18 @@ a table named after a strategy holds its options::
     [daso]
     max_global_skips = 4
 
-``--set daso.max_global_skips=4`` does the same from the command line. Every value is
-checked here, before any rank communicates, with an error naming the flag, the value
-and what is allowed.
+``--set daso.max_global_skips=4`` does the same from the command line. Every value, from
+whichever source, goes through the same checks here, before any rank communicates: its
+type (:func:`check_type`: a bool for ``nesterov``, an int for counts, a number for
+rates), then its range (finite numbers only), with an error naming the flag (or the file
+and key), the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import tomllib
 from typing import Any
 
@@ -30,6 +33,11 @@ from minidp.strategies import names, strategy_class
 OPTIMIZERS = ("sgd", "lars")
 SCHEDULES = ("constant", "cosine", "step", "poly")
 DTYPES = ("float32", "float64")
+RESUME = ("no", "yes", "auto")
+
+
+class UsageError(ValueError):
+    """A user error that every rank raises alike (decided on rank 0 and broadcast)."""
 
 
 @dataclasses.dataclass
@@ -60,10 +68,11 @@ class TrainConfig:
     test_samples: int | None = None
     allreduce: str = "hierarchical"
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    out: str = "runs/latest"
+    out: str | None = None
     data_dir: str = "data"
     checkpoint_every: int = 0
-    resume: bool = False
+    resume: str = "no"
+    overwrite: bool = False
     stop_after: int | None = None
     comm_timeout: float | None = None
     progress: bool = True
@@ -98,6 +107,8 @@ class TrainConfig:
 
     def check(self) -> TrainConfig:
         """Raise ValueError/TypeError naming the first bad setting; returns self."""
+        for name in FIELDS:
+            setattr(self, name, check_type(name, getattr(self, name)))
         choices = {"model": tuple(MODELS), "dataset": DATASETS, "optimizer": OPTIMIZERS,
                    "schedule": SCHEDULES, "reader": READERS, "dtype": DTYPES,
                    "allreduce": ALLREDUCE_ALGORITHMS, "strategy": tuple(names())}
@@ -106,6 +117,11 @@ class TrainConfig:
                 raise ValueError(f"--{_flag(name)}: got {getattr(self, name)!r}, allowed: "
                                  f"{', '.join(allowed)}")
         self.options = strategy_class(self.strategy).parse_options(self.options)
+        for name, value in self.options.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                allowed = strategy_class(self.strategy).options[name].allowed
+                raise ValueError(f"{self.strategy}.{name}: got {value!r}, allowed: a finite "
+                                 f"number, {allowed}")
         _positive("epochs", self.epochs)
         for name in ("batch_size", "global_batch_size", "train_samples", "test_samples",
                      "ranks_per_node", "stop_after"):
@@ -116,13 +132,25 @@ class TrainConfig:
         for name in ("checkpoint_every", "warmup_epochs", "seed"):
             _positive(name, getattr(self, name), minimum=0)
         for name in ("lr", "trust_coefficient"):
-            _number(name, getattr(self, name), lambda v: v > 0, "a number > 0")
+            _number(name, getattr(self, name), lambda v: v > 0, "a finite number > 0")
         _number("momentum", self.momentum, lambda v: 0 <= v < 1, "a number in [0, 1)")
         for name in ("weight_decay", "net_latency_us", "net_bandwidth_gbps"):
-            _number(name, getattr(self, name), lambda v: v >= 0, "a number >= 0")
+            _number(name, getattr(self, name), lambda v: v >= 0, "a finite number >= 0")
         self.slowdowns()
         if self.comm_timeout is not None:
-            _number("comm_timeout", self.comm_timeout, lambda v: v > 0, "seconds > 0")
+            _number("comm_timeout", self.comm_timeout, lambda v: v > 0,
+                    "a finite number of seconds > 0")
+        if self.resume not in RESUME:
+            raise ValueError(f"--resume: got {self.resume!r}, allowed: --resume alone (continue "
+                             "the latest checkpoint), --resume auto (continue one if there is "
+                             "one, else start), or no --resume")
+        if self.overwrite and self.resume != "no":
+            raise ValueError("--overwrite and --resume: give one of them, not both (--overwrite "
+                             "clears the run that --resume would continue)")
+        if self.stop_after is not None and not self.checkpoint_every:
+            raise ValueError(f"--stop-after {self.stop_after}: allowed only with "
+                             "--checkpoint-every N (N >= 1): a stopped run continues from its "
+                             "checkpoint with --resume")
         return self
 
 
@@ -136,11 +164,42 @@ def _positive(name: str, value: Any, minimum: int = 1) -> None:
 
 
 def _number(name: str, value: Any, ok: Any, allowed: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or not ok(value)):
         raise ValueError(f"--{_flag(name)}: got {value!r}, allowed: {allowed}")
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_KINDS = {"bool": (bool, "a bool (true or false)"), "int": (int, "an int"),
+          "float": (float, "a number"), "str": (str, "a string"),
+          "dict[str, Any]": (dict, "a table of options")}
+
+
+def check_type(name: str, value: Any, where: str | None = None) -> Any:
+    """``value`` as the field ``name`` of TrainConfig holds it, or raise TypeError.
+
+    The one type check for flags, TOML values and code alike: an int where an int is
+    due (not a bool, not 2.0), a bool where a bool is due (not ``"false"``), an int or
+    float where a number is due (returned as float). Ranges, finiteness included, are
+    checked by :meth:`TrainConfig.check`.
+
+    Args:
+        name: the field.
+        value: the value, from any source.
+        where: how the error names the source (default ``--flag``).
+    """
+    kind = str(FIELDS[name].type)
+    optional = kind.endswith(" | None")
+    python_type, words = _KINDS[kind.removesuffix(" | None")]
+    if value is None and optional:
+        return None
+    if python_type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, python_type) or (python_type is int and isinstance(value, bool)):
+        raise TypeError(f"{where or '--' + _flag(name)}: got {value!r} "
+                        f"({type(value).__name__}), allowed: {words}"
+                        + (" or unset" if optional else ""))
+    return value
 HELP = {
     "model": f"one of {', '.join(MODELS)}", "dataset": f"one of {', '.join(DATASETS)}",
     "strategy": ", ".join(names()),
@@ -154,7 +213,8 @@ HELP = {
     "reader": "mpiio, memory, leader or strided", "dtype": "float32 or float64",
     "train_samples": "use the first N training samples", "test_samples": "the first N test "
     "samples", "allreduce": f"sync's algorithm: {', '.join(ALLREDUCE_ALGORITHMS)}",
-    "out": "output directory", "data_dir": "where NAME-train.mdp / NAME-test.mdp live",
+    "out": "output directory of this run (default: a new runs/NNNN; runs/latest points at "
+    "the newest)", "data_dir": "where NAME-train.mdp / NAME-test.mdp live",
     "checkpoint_every": "write a checkpoint every N epochs (0: never)",
     "stop_after": "stop after N epochs of this job (resume later)",
     "comm_timeout": "seconds a rank waits for others before naming the missing ones",
@@ -193,7 +253,7 @@ def from_toml(path: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
             strategy_class(key)  # an unknown strategy table is an error listing the valid
             tables[key] = value
         elif name in FIELDS and name not in ("options",):
-            settings[name] = value
+            settings[name] = check_type(name, value, f"--config {path}: {key}")
         else:
             valid = ", ".join(sorted(_flag(n) for n in FIELDS if n != "options"))
             raise ValueError(f"--config {path}: unknown setting {key!r}; valid settings: {valid}")
@@ -206,15 +266,19 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     opt = {"default": argparse.SUPPRESS}
     add("--config", **opt, help="TOML file of settings (flags override it)")
     for name, f in FIELDS.items():
-        if name in ("options", "progress", "resume", "nesterov"):
+        if name in ("options", "progress", "resume", "nesterov", "overwrite"):
             continue
-        kind = {"int | None": int, "float | None": float, "str | None": str}.get(str(f.type))
-        kind = kind or {"int": int, "float": float, "str": str}[str(f.type)]
+        kind = {"int": int, "float": float, "str": str}[str(f.type).removesuffix(" | None")]
         add(f"--{_flag(name)}", type=kind, **opt,
             help=(HELP.get(name, "") + ("" if f.default is None else
                                         f" (default {f.default})")).strip())
     add("--nesterov", action="store_true", **opt, help="Nesterov momentum")
-    add("--resume", action="store_true", **opt, help="continue from the latest checkpoint")
+    add("--resume", nargs="?", const="yes", metavar="auto", **opt,
+        help="continue the run in --out (default: runs/latest) from its latest checkpoint, "
+        "refusing another configuration; --resume auto: continue if there is a checkpoint, "
+        "else start (for requeued batch jobs)")
+    add("--overwrite", action="store_true", **opt,
+        help="clear the run files of an --out that holds another run, then start")
     add("--no-progress", dest="progress", action="store_false", **opt, help="no progress bar")
     add("--set", action="append", default=[], metavar="STRATEGY.OPTION=VALUE",
         help="a strategy option (repeatable)")

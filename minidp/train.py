@@ -20,7 +20,6 @@ model), ``summary.json``, then ``trace.json`` (DESIGN.md s.3).
 from __future__ import annotations
 
 import dataclasses
-import os
 import platform
 import sys
 import time
@@ -30,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 import minidp
-from minidp import Tensor, backend, checkpoint, layers, no_grad, strategies, threads
+from minidp import Tensor, backend, checkpoint, layers, no_grad, rundir, strategies, threads
 from minidp import functional as F
 from minidp.comm import NetworkModel, Topology, allreduce, guard, set_network_model
 from minidp.config import TrainConfig
@@ -127,10 +126,15 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train (resuming if asked), write the outputs; returns the summary (every rank)."""
-        c = self.config
-        start = self._resume() if c.resume else 0
+        c, world = self.config, self.topology.world
+        c.out, resuming = rundir.open_run(c.out, c.resume, c.overwrite, world)
+        self.files = RunFiles(c.out, self.rank)
+        start = self._resume() if resuming else 0
+        rundir.write_run_json(c.out, dataclasses.asdict(c), world, self.topology.local_size,
+                              start if resuming else None)
         if self.rank == 0:
-            os.makedirs(c.out, exist_ok=True)
+            print(f"out: {c.out}" + (f" (resuming after epoch {start})" if resuming else ""),
+                  flush=True)
         self.files.start_metrics(self.history)
         for epoch in range(start, c.epochs):
             metrics = self.train_epoch(epoch)
@@ -139,9 +143,11 @@ class Trainer:
             if self.rank == 0:
                 self._print_epoch(metrics)
             done = epoch + 1
-            if c.checkpoint_every and (done % c.checkpoint_every == 0 or done == c.epochs):
+            stop = bool(c.stop_after) and done - start >= c.stop_after and done < c.epochs
+            if c.checkpoint_every and (done % c.checkpoint_every == 0 or done == c.epochs
+                                       or stop):
                 self._save_checkpoint(done)
-            if c.stop_after and done - start >= c.stop_after and done < c.epochs:
+            if stop:
                 break
         return self._finish()
 
@@ -320,24 +326,42 @@ class Trainer:
                  "scheduler_step": self.scheduler.last_step, "dropout": dropout,
                  "strategy": self.strategy.state_dict(), "totals": self.totals}
         checkpoint.save(self.config.out, epoch, self.topology, arrays, state,
-                        {"strategy": self.config.strategy, "history": self.history})
+                        {"strategy": self.config.strategy, "history": self.history},
+                        dataclasses.asdict(self.config))
 
     def _resume(self) -> int:
-        meta, arrays, state = checkpoint.load(self.config.out, self.topology)
-        flat = self.strategy.flat
-        flat.data[...] = arrays["params"]
-        self.optimizer.load_state_dict({"lr": state["lr"], "step": state["optimizer_step"],
-                                        "state": arrays["optimizer"]})
-        for key, b in self.model.named_buffers():
-            b[...] = arrays[f"buffer:{key}"]
-        dropouts = [m for _, m in self.model.named_modules() if isinstance(m, layers.Dropout)]
-        for module, rng_state in zip(dropouts, state["dropout"]):
-            module.rng.bit_generator.state = rng_state
-        self.scheduler.last_step = state["scheduler_step"]
-        self.optimizer.lr = state["lr"]
-        self.strategy.load_state_dict(state["strategy"])
-        self.totals = dict(state["totals"])
-        self.history = list(meta["history"])
+        """Restore the latest checkpoint in --out, checked against this run; returns its epoch.
+
+        On another world size (``sync`` only) every rank takes rank 0's state; the
+        scheduler continues at the same epoch (in this job's batches), dropout masks
+        restart from (seed, rank, epoch), and the byte counters count from here.
+        """
+        def restore(meta: dict, arrays: dict[str, np.ndarray], state: dict) -> None:
+            same_world = meta["world_size"] == self.size
+            flat = self.strategy.flat
+            flat.data[...] = arrays["params"]
+            self.optimizer.load_state_dict({"lr": state["lr"], "step": state["optimizer_step"],
+                                            "state": arrays["optimizer"]})
+            for key, b in self.model.named_buffers():
+                b[...] = arrays[f"buffer:{key}"]
+            dropouts = [m for _, m in self.model.named_modules()
+                        if isinstance(m, layers.Dropout)]
+            for module, rng_state in zip(dropouts, state["dropout"]):
+                if same_world:
+                    module.rng.bit_generator.state = rng_state
+                else:
+                    module.rng = np.random.default_rng([self.config.seed, self.rank,
+                                                        meta["epoch"]])
+            self.scheduler.last_step = (state["scheduler_step"] if same_world
+                                        else meta["epoch"] * self.batches)
+            self.optimizer.lr = state["lr"]
+            self.strategy.load_state_dict(state["strategy"])
+            self.totals = (dict(state["totals"]) if same_world
+                           else {"elapsed_s": float(state["totals"]["elapsed_s"])})
+            self.history = list(meta["history"])
+
+        meta = checkpoint.load(self.config.out, self.topology, dataclasses.asdict(self.config),
+                               restore)
         return int(meta["epoch"])
 
 

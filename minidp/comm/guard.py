@@ -1,7 +1,7 @@
 """Nothing hangs silently: timed waits that name missing ranks, debug checks, abort hook.
 
 * :func:`wait` completes a request by polling it; past the timeout
-  (``MINIDP_COMM_TIMEOUT`` seconds, default 300, or :func:`set_timeout`) it raises
+  (:func:`set_timeout`, else ``MINIDP_COMM_TIMEOUT`` seconds, default 300) it raises
   :class:`CommTimeout` naming the ranks of the communicator that never arrived and the
   operation each of them was last in. Every blocking collective of minidp (node
   barriers, rails, the world allreduce, DASO's receive) waits through here.
@@ -9,15 +9,19 @@
   each real node (built with the first world :class:`~minidp.comm.Topology`), where a
   rank writes what it is waiting in. Reading it needs nothing from the missing rank, which
   is busy elsewhere; ranks on other real nodes are reported as not visible.
-* :func:`check_same` (on when ``MINIDP_DEBUG=1``) gathers, before a collective, each
-  rank's operation, shape and dtype, and raises on every rank naming the ranks that
-  differ from rank 0, instead of letting mismatched calls corrupt data or deadlock.
+* :func:`check_same` (on when ``MINIDP_DEBUG=1`` or :func:`set_debug`) gathers, before a
+  collective, each rank's operation, shape and dtype, and raises on every rank naming the
+  ranks that differ from rank 0, instead of letting mismatched calls corrupt data or deadlock.
 * :func:`install_abort_hook`: for scripts not started under ``python -m mpi4py``, an
   uncaught exception on one rank prints its traceback and aborts the whole job.
+
+The two variables are read when first needed, not at import (so a bad value cannot break
+``--help``); a bad one is a ValueError naming the variable, the value and what is allowed.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -28,8 +32,9 @@ import numpy as np
 from mpi4py import MPI
 
 _RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("label", "S104")])
-_settings = {"timeout": float(os.environ.get("MINIDP_COMM_TIMEOUT", "300")),
-             "debug": os.environ.get("MINIDP_DEBUG", "0") not in ("", "0")}
+_settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
+_SWITCH = {"": False, "0": False, "false": False, "no": False, "off": False,
+           "1": True, "true": True, "yes": True, "on": True}
 
 
 class CommTimeout(TimeoutError):
@@ -51,6 +56,32 @@ def set_timeout(seconds: float) -> float:
 def set_debug(on: bool) -> None:
     """Turn the collective consistency checks on or off (``MINIDP_DEBUG``)."""
     _settings["debug"] = bool(on)
+
+
+def comm_timeout() -> float:
+    """Seconds a wait may take: :func:`set_timeout`'s, else ``MINIDP_COMM_TIMEOUT`` (300)."""
+    if "timeout" not in _settings:
+        text = os.environ.get("MINIDP_COMM_TIMEOUT", "").strip()
+        try:
+            seconds = float(text) if text else 300.0
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"MINIDP_COMM_TIMEOUT: got {text!r}, allowed: a number of seconds "
+                             "> 0 (e.g. 300)")
+        _settings["timeout"] = seconds
+    return _settings["timeout"]
+
+
+def debug_checks() -> bool:
+    """Whether :func:`check_same` checks: :func:`set_debug`'s, else ``MINIDP_DEBUG`` (off)."""
+    if "debug" not in _settings:
+        text = os.environ.get("MINIDP_DEBUG", "")
+        if text.strip().lower() not in _SWITCH:
+            raise ValueError(f"MINIDP_DEBUG: got {text!r}, allowed: 0 or 1 (also false/true, "
+                             "no/yes, off/on)")
+        _settings["debug"] = _SWITCH[text.strip().lower()]
+    return _settings["debug"]
 
 
 class _Board:
@@ -124,7 +155,7 @@ def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
         return
     if board:
         board.enter(label, count)
-    deadline = time.monotonic() + _settings["timeout"]
+    deadline = time.monotonic() + comm_timeout()
     polls = 0
     while not request.Test():
         polls += 1
@@ -134,7 +165,7 @@ def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
         if time.monotonic() > deadline:
             details = board.missing(comm, label, count) if board else ["(no status board)"]
             raise CommTimeout(f"rank {MPI.COMM_WORLD.Get_rank()}: {label!r} waited "
-                              f"{_settings['timeout']:g} s (MINIDP_COMM_TIMEOUT); "
+                              f"{comm_timeout():g} s (MINIDP_COMM_TIMEOUT); "
                               + "; ".join(details))
     if board:
         board.leave()
@@ -175,7 +206,7 @@ def _poll_peers(done: Callable[[], bool], comm: MPI.Comm, peers: list[int],
     if board:
         board.enter(operation, count)
     try:
-        deadline = time.monotonic() + _settings["timeout"]
+        deadline = time.monotonic() + comm_timeout()
         polls = 0
         # MPICH moves point-to-point data only inside MPI calls: each poll is progress.
         while not done():
@@ -187,7 +218,7 @@ def _poll_peers(done: Callable[[], bool], comm: MPI.Comm, peers: list[int],
                 details = (_peer_states(board, comm, peers) if board
                            else ["(no status board)"])
                 raise CommTimeout(f"rank {comm.Get_rank()}: {operation!r} waited "
-                                  f"{_settings['timeout']:g} s (MINIDP_COMM_TIMEOUT); "
+                                  f"{comm_timeout():g} s (MINIDP_COMM_TIMEOUT); "
                                   + "; ".join(details))
     finally:
         # A caller that handles the timeout goes on: the board must not say it still waits.
@@ -237,7 +268,7 @@ def probe_peer(comm: MPI.Comm, source: int, tag: int, peers: list[int],
 
 def check_same(comm: MPI.Comm, operation: str, buffer: Any = None) -> None:
     """In debug mode, raise on every rank unless all ranks call the same collective."""
-    if not _settings["debug"]:
+    if not debug_checks():
         return
     mine = (operation, None if buffer is None else tuple(buffer.shape),
             None if buffer is None else str(buffer.dtype))

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from minidp.threads import THREAD_VARIABLES
 
 
@@ -37,3 +39,24 @@ def test_malloc_tuning_applies_unless_turned_off():
     assert run(code) == "True"
     assert run(code, MINIDP_MALLOC_TUNING="0") == "False"
     assert run(code, MALLOC_MMAP_THRESHOLD_="100000", MALLOC_TRIM_THRESHOLD_="100000") == "False"
+
+
+def test_guard_reads_its_variables_when_needed(monkeypatch):
+    from minidp.comm import guard
+
+    monkeypatch.setattr(guard, "_settings", {})
+    monkeypatch.setenv("MINIDP_COMM_TIMEOUT", "5m")
+    monkeypatch.setenv("MINIDP_DEBUG", "maybe")
+    with pytest.raises(ValueError, match="MINIDP_COMM_TIMEOUT: got '5m', allowed: a number of "
+                                         "seconds > 0"):
+        guard.comm_timeout()
+    with pytest.raises(ValueError, match="MINIDP_DEBUG: got 'maybe', allowed: 0 or 1"):
+        guard.debug_checks()
+    monkeypatch.setenv("MINIDP_COMM_TIMEOUT", "inf")
+    with pytest.raises(ValueError, match="MINIDP_COMM_TIMEOUT: got 'inf'"):
+        guard.comm_timeout()
+    monkeypatch.setenv("MINIDP_COMM_TIMEOUT", "12.5")
+    monkeypatch.setenv("MINIDP_DEBUG", "1")
+    assert (guard.comm_timeout(), guard.debug_checks()) == (12.5, True)
+    guard.set_timeout(3)
+    assert guard.comm_timeout() == 3.0

@@ -1,0 +1,175 @@
+"""Run directories, run.json, checkpoint pruning and the resume checks (one process)."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from minidp import checkpoint, rundir
+from minidp.comm import Topology
+from minidp.config import TrainConfig, UsageError
+
+WORLD = MPI.COMM_WORLD
+
+
+def test_numbered_directories_and_latest(tmp_path):
+    base = str(tmp_path / "runs")
+    assert rundir.new_run_dir(base) == os.path.join(base, "0001")
+    assert rundir.new_run_dir(base) == os.path.join(base, "0002")
+    assert os.readlink(os.path.join(base, "latest")) == "0002"
+    os.mkdir(os.path.join(base, "0007"))
+    os.mkdir(os.path.join(base, "0009x"))  # not a number: ignored
+    assert rundir.new_run_dir(base) == os.path.join(base, "0008")
+    assert os.readlink(os.path.join(base, "latest")) == "0008"
+    assert sorted(os.listdir(base)) == ["0001", "0002", "0007", "0008", "0009x", "latest"]
+
+
+def test_an_older_latest_directory_is_left_alone(tmp_path):
+    base = tmp_path / "runs"
+    (base / "latest").mkdir(parents=True)
+    (base / "latest" / "run.json").write_text("{}")
+    path, resuming = rundir.open_run(None, "no", False, WORLD, base=str(base))
+    assert (path, resuming) == (str(base / "0001"), False)
+    assert (base / "latest").is_dir() and not (base / "latest").is_symlink()
+    assert (base / "latest" / "run.json").read_text() == "{}"
+
+
+def test_reused_out_is_refused_and_overwrite_clears_only_run_files(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "checkpoints" / "epoch-0001").mkdir(parents=True)
+    for name in ("run.json", "metrics.jsonl", "trace.json", "notes.txt"):
+        (out / name).write_text("x")
+    with pytest.raises(UsageError) as info:
+        rundir.open_run(str(out), "no", False, WORLD)
+    assert str(info.value) == (f"--out '{out}' holds another run (run.json, metrics.jsonl, "
+                               "checkpoints, trace.json); pass --resume to continue it, "
+                               "--overwrite to replace it, or no --out for a new directory "
+                               "under runs/")
+    assert rundir.open_run(str(out), "no", True, WORLD) == (str(out), False)
+    assert sorted(os.listdir(out)) == ["notes.txt"]
+    assert "--overwrite: removing run.json, metrics.jsonl, checkpoints, trace.json" in \
+        capsys.readouterr().out
+
+
+def test_resume_choices(tmp_path):
+    out, base = tmp_path / "run", str(tmp_path / "runs")
+    with pytest.raises(UsageError, match="--resume: no complete checkpoint in '.*checkpoints'"):
+        rundir.open_run(str(out), "yes", False, WORLD, base=base)
+    assert rundir.open_run(str(out), "auto", False, WORLD, base=base) == (str(out), False)
+    (out / "checkpoints" / "epoch-0002").mkdir(parents=True)
+    (out / "checkpoints" / "epoch-0002" / "meta.json").write_text("{}")
+    assert rundir.open_run(str(out), "auto", False, WORLD, base=base) == (str(out), True)
+    assert rundir.open_run(str(out), "yes", False, WORLD, base=base) == (str(out), True)
+    with pytest.raises(UsageError, match="--resume auto: needs --out DIR"):
+        rundir.open_run(None, "auto", False, WORLD, base=base)
+    with pytest.raises(UsageError, match="no --out given and '.*latest' does not exist"):
+        rundir.open_run(None, "yes", False, WORLD, base=base)
+    first, _ = rundir.open_run(None, "no", False, WORLD, base=base)
+    os.makedirs(os.path.join(first, "checkpoints", "epoch-0001"))
+    open(os.path.join(first, "checkpoints", "epoch-0001", "meta.json"), "w").close()
+    assert rundir.open_run(None, "yes", False, WORLD, base=base) == (first, True)
+
+
+def test_run_json_records_the_start_and_every_resume(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    config = {"model": "mlp", "epochs": 2}
+    rundir.write_run_json(str(tmp_path), config, WORLD, 1)
+    first = json.loads((tmp_path / "run.json").read_text())
+    assert first["config"] == config and first["world_size"] == 1
+    assert first["ranks_per_node"] == 1 and first["slurm_job_id"] == "4242"
+    assert first["hosts"] == [os.uname().nodename]
+    assert first["mpi_library"] and "\x00" not in first["mpi_library"]
+    assert first["start_time"].endswith("+00:00")
+    assert first["git_commit"] is None or len(first["git_commit"]) == 40
+    rundir.write_run_json(str(tmp_path), dict(config, epochs=4), WORLD, 1, resumed_from=2)
+    again = json.loads((tmp_path / "run.json").read_text())
+    assert again["start_time"] == first["start_time"] and again["config"] == config
+    assert [(r["from_epoch"], r["config"]["epochs"]) for r in again["resumed"]] == [(2, 4)]
+    assert [n for n in os.listdir(tmp_path) if "tmp" in n] == []
+
+
+def test_git_commit_is_none_outside_a_work_tree(tmp_path):
+    assert rundir.git_commit(str(tmp_path)) is None
+
+
+def save(out, epoch, config=None):
+    arrays = {"params": np.full(3, float(epoch))}
+    return checkpoint.save(str(out), epoch, Topology(WORLD), arrays, {"step": epoch},
+                           {"history": []}, config or dataclasses.asdict(TrainConfig()))
+
+
+def test_pruning_follows_write_order_not_epoch_numbers(tmp_path):
+    for stale in (7, 8):  # an older minidp's checkpoints: no sequence recorded
+        d = tmp_path / "checkpoints" / f"epoch-{stale:04d}"
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"epoch": stale}))
+    save(tmp_path, 1)
+    save(tmp_path, 2)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["epoch-0001", "epoch-0002"]
+    save(tmp_path, 3)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["epoch-0002", "epoch-0003"]
+    metas = [json.loads((tmp_path / "checkpoints" / d / "meta.json").read_text())
+             for d in ("epoch-0002", "epoch-0003")]
+    assert [m["sequence"] for m in metas] == [2, 3]
+    assert metas[1]["config"]["model"] == "lenet5"
+
+
+def resumable(**now):
+    saved = dataclasses.asdict(TrainConfig(batch_size=16, epochs=4))
+    return {"epoch": 2, "world_size": 2, "config": saved}, dict(saved, **now)
+
+
+def test_resume_lists_every_difference_with_both_values():
+    meta, now = resumable(batch_size=32, lr=0.1, options={"k": 2})
+    with pytest.raises(UsageError) as info:
+        checkpoint.check_resumable(meta, now, 2, "ck")
+    assert str(info.value) == ("--resume: cannot continue checkpoint 'ck': sync.k: checkpoint "
+                               "'(unset)', now 2; --batch-size: checkpoint 16, now 32; --lr: "
+                               "checkpoint 0.05, now 0.1")
+
+
+@pytest.mark.parametrize("now, world, message", [
+    ({"epochs": 2}, 2, "the run is complete (checkpoint at epoch 2, --epochs 2); allowed: "
+                       "--epochs above 2"),
+    ({"epochs": 1}, 2, "the run is complete (checkpoint at epoch 2, --epochs 1)"),
+    ({"epochs": 6, "schedule": "cosine"}, 2, "--epochs: checkpoint 4, now 6, but --schedule "
+                                             "cosine counts its steps from the total"),
+    ({"strategy": "hsgd", "options": {}}, 3, "world size: checkpoint 2 ranks, now 3; strategy "
+                                             "'hsgd' keeps a different state on every rank"),
+])
+def test_resume_refusals(now, world, message):
+    meta, config = resumable(**now)
+    if now.get("strategy"):
+        meta["config"]["strategy"] = now["strategy"]
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        checkpoint.check_resumable(meta, config, world, "ck")
+
+
+def test_resume_may_grow_epochs_and_change_world_size_for_sync():
+    meta, now = resumable(epochs=9)
+    checkpoint.check_resumable(meta, now, 3, "ck")
+
+
+def test_bad_checkpoint_is_one_line_naming_the_file(tmp_path):
+    config = dataclasses.asdict(TrainConfig())
+    final = save(tmp_path, 1, config)
+    topology = Topology(WORLD)
+    loaded = []
+    checkpoint.load(str(tmp_path), topology, config, lambda m, a, s: loaded.append(a["params"]))
+    assert loaded[0].tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(UsageError, match=r"'.*rank-00000.npz' has no 'optimizer'"):
+        checkpoint.load(str(tmp_path), topology, config, lambda m, a, s: a["optimizer"])
+    path = os.path.join(final, "rank-00000.npz")
+    whole = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(whole[:len(whole) // 2])  # truncated
+    with pytest.raises(UsageError, match=r"rank-00000.npz' is unreadable \(BadZipFile"):
+        checkpoint.load(str(tmp_path), topology, config, lambda m, a, s: None)
+    with open(os.path.join(final, "meta.json"), "w") as f:
+        f.write(json.dumps({"epoch": 1, "world_size": 1, "history": []}))
+    with pytest.raises(UsageError, match="meta.json' is not a usable checkpoint record: no "
+                                         r"valid config \(a checkpoint of an older minidp"):
+        checkpoint.load(str(tmp_path), topology, config, lambda m, a, s: None)
