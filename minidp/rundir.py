@@ -34,7 +34,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from mpi4py import MPI
 import minidp
 from minidp import checkpoint
 from minidp.config import UsageError
+from minidp.report import atomic_write
 
 RUN_FILES = ("run.json", "metrics.jsonl", "summary.json", "model.npz", "checkpoints")
 TRACE_FILES = ("trace.json", "trace-parts")
@@ -226,13 +226,4 @@ def write_run_json(path: str, config: dict[str, Any], comm: MPI.Comm, ranks_per_
             first = dict(record, resumed=[])
         first.setdefault("resumed", []).append(record)
         record = first
-    fd, tmp = tempfile.mkstemp(prefix="run.json.tmp-", dir=path)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(target, lambda f: json.dump(record, f, indent=1))
