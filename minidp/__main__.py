@@ -33,13 +33,14 @@ def info(_: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from minidp import threads
+    from minidp.comm import mpi_library
 
     report = {
         "minidp": minidp.__version__, "python": platform.python_version(),
         "numpy": np.__version__, "numba": numba.__version__,
         "numba_jit": not numba.config.DISABLE_JIT,
         "mpi4py": __import__("mpi4py").__version__,
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_library": mpi_library(),
         "mpi_world_size": MPI.COMM_WORLD.Get_size(), "backend": minidp.get_backend(),
         "threads": threads.thread_info(),
     }

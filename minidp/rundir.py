@@ -41,6 +41,7 @@ from mpi4py import MPI
 
 import minidp
 from minidp import checkpoint
+from minidp.comm import mpi_library
 from minidp.config import UsageError
 from minidp.report import atomic_write
 
@@ -193,7 +194,7 @@ def run_record(config: dict[str, Any], comm: MPI.Comm, ranks_per_node: int) -> d
         "git_commit": git_commit(os.path.dirname(os.path.abspath(minidp.__file__))),
         "command": list(sys.argv),
         "world_size": comm.Get_size(), "ranks_per_node": ranks_per_node, "hosts": hosts,
-        "mpi_library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
+        "mpi_library": mpi_library(),
         "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     if os.environ.get("SLURM_JOB_ID"):

@@ -19,19 +19,29 @@ model), ``summary.json``, then ``trace.json`` (DESIGN.md s.3).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import platform
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mpi4py import MPI
 
 import minidp
 from minidp import Tensor, backend, checkpoint, layers, no_grad, rundir, strategies, threads
 from minidp import functional as F
-from minidp.comm import NetworkModel, Topology, allreduce, guard, set_network_model
+from minidp.comm import (
+    NetworkModel,
+    Topology,
+    allreduce,
+    broadcast_object,
+    guard,
+    mpi_library,
+    set_network_model,
+    world_max,
+)
 from minidp.config import TrainConfig
 from minidp.io.datasets import NORMALIZATION, normalize
 from minidp.io.readers import epoch_rng
@@ -40,6 +50,9 @@ from minidp.optim import LARS, SGD, CosineLR, LRScheduler, PolynomialLR, Schedul
 from minidp.optim.schedules import WarmupLR
 from minidp.report import RunFiles
 from minidp.trace import PHASES, Tracer, set_tracer
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 COUNTERS = ("bytes_intra", "bytes_inter", "messages_intra", "messages_inter")
 
@@ -60,10 +73,6 @@ class Trainer:
         if c.comm_timeout is not None:
             guard.set_timeout(c.comm_timeout)
         servers = strategies.strategy_class(c.strategy).servers_needed(c.options)
-        if servers >= (comm or MPI.COMM_WORLD).Get_size():
-            raise ValueError(f"--strategy {c.strategy}: needs {servers} server rank(s) and at "
-                             f"least one worker, got {(comm or MPI.COMM_WORLD).Get_size()} "
-                             f"rank(s); launch at least {servers + 1}")
         self.topology = t = Topology(comm, c.ranks_per_node, servers)
         self.rank, self.size, self.is_worker = t.rank, t.size, t.role == "worker"
         set_network_model(NetworkModel(c.net_latency_us, c.net_bandwidth_gbps))
@@ -82,10 +91,10 @@ class Trainer:
         self.optimizer = self._build_optimizer()
         self.strategy = strategies.get(c.strategy, self.model, self.optimizer, t,
                                        allreduce=c.allreduce, **c.options)
-        self.strategy.plan(c.epochs, self.batch_size, self._schedule())
-        self.scheduler = LRScheduler(self.optimizer, self._schedule())
+        schedule = self._schedule()
+        self.strategy.plan(c.epochs, self.batch_size, schedule)
+        self.scheduler = LRScheduler(self.optimizer, schedule)
         self.slowdown = c.slowdowns().get(self.rank, 1.0)
-        self.files = RunFiles(c.out, self.rank)
         self.history: list[dict[str, Any]] = []
         self.totals = {"elapsed_s": 0.0}
 
@@ -165,13 +174,12 @@ class Trainer:
         comm = sum(tr.seconds.get(p, 0.0) for p in ("comm_intra", "comm_inter", "wait"))
         seconds = np.array([tr.seconds.get(p, 0.0) for p in PHASES] +
                            [comm, time.perf_counter() - started])
-        world = self.topology.world
-        guard.wait(world.Iallreduce(MPI.IN_PLACE, seconds, op=MPI.MAX), world, "epoch timers")
+        world_max(seconds, self.topology, "epoch timers")
         loss_sum, steps, samples = self._world_sum(np.array([loss_sum, steps, samples]))
         train_loss = float(loss_sum / max(steps, 1))
         self.strategy.end_epoch(epoch, train_loss)
         self._average_buffers()
-        for key in ("bytes_intra", "bytes_inter", "messages_intra", "messages_inter"):
+        for key in COUNTERS:
             self.totals[key] = self.totals.get(key, 0) + tr.counters.get(key, 0)
         test_loss, accuracy = self.evaluate()
         wall = float(seconds[-1])
@@ -180,7 +188,7 @@ class Trainer:
                    "test_accuracy": accuracy, "wall_s": wall, "samples": int(samples),
                    "steps": int(steps), "phases": {p: float(s) for p, s in zip(PHASES, seconds)},
                    "comm_s": float(seconds[-2])}
-        stats = world.bcast(self.strategy.epoch_stats())  # rank 0's, on every rank
+        stats = broadcast_object(self.strategy.epoch_stats(), self.topology)  # rank 0's
         if stats:
             metrics["strategy"] = stats
         return metrics
@@ -240,13 +248,10 @@ class Trainer:
 
     def evaluate(self) -> tuple[float, float]:
         """(mean loss, accuracy) of the consensus model: each rank its test block, sums reduced."""
-        flat = self.strategy.flat
-        own = flat.data.copy()
-        flat.data[...] = self.strategy.consensus()
-        self.model.eval()
         sums = np.zeros(3)
         x_all, y_all = self.data.test_x, self.data.test_y
-        with no_grad():
+        with self._consensus_parameters(), no_grad():
+            self.model.eval()
             for i in range(0, len(y_all), 1000):
                 x = normalize(x_all[i:i + 1000], self.mean, self.std).astype(self.dtype)
                 y = y_all[i:i + 1000]
@@ -255,7 +260,6 @@ class Trainer:
                 sums[1] += int((out.data.argmax(axis=1) == y).sum())
                 sums[2] += len(y)
         self.model.train()
-        flat.data[...] = own
         total = self._world_sum(sums)
         return float(total[0] / total[2]), float(total[1] / total[2])
 
@@ -277,14 +281,21 @@ class Trainer:
               f"test loss {m['test_loss']:.4f}  test accuracy {m['test_accuracy']:.2%}  "
               f"{m['wall_s']:.1f} s (communication {m['comm_s'] / m['wall_s']:.0%})", flush=True)
 
+    @contextlib.contextmanager
+    def _consensus_parameters(self) -> Iterator[None]:
+        """Inside: the model holds the strategy's consensus parameters; after: its own."""
+        flat = self.strategy.flat
+        own = flat.data.copy()
+        flat.data[...] = self.strategy.consensus()
+        try:
+            yield
+        finally:
+            flat.data[...] = own
+
     def consensus_state(self) -> dict[str, np.ndarray]:
         """The result model's state_dict (the strategy's consensus parameters)."""
-        flat = self.strategy.flat
-        saved = flat.data.copy()
-        flat.data[...] = self.strategy.consensus()
-        state = {k: np.array(v) for k, v in self.model.state_dict().items()}
-        flat.data[...] = saved
-        return state
+        with self._consensus_parameters():
+            return {k: np.array(v) for k, v in self.model.state_dict().items()}
 
     def _finish(self) -> dict[str, Any]:
         state = self.consensus_state()
@@ -303,7 +314,7 @@ class Trainer:
             "batches_per_epoch": self.batches, "batch_size_per_worker": self.batch_size,
             "versions": {"minidp": minidp.__version__, "python": platform.python_version(),
                          "numpy": np.__version__, "mpi4py": __import__("mpi4py").__version__,
-                         "mpi": MPI.Get_library_version().strip("\x00 \n").splitlines()[0]},
+                         "mpi": mpi_library()},
             "threads_per_rank": threads.threads_per_rank(),
             "final": {k: last.get(k) for k in ("epoch", "train_loss", "test_loss",
                                                "test_accuracy")},

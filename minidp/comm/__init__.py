@@ -13,15 +13,18 @@ from minidp.comm.allreduce import (
 )
 from minidp.comm.levels import (
     broadcast,
+    broadcast_object,
     node_allreduce,
     node_broadcast,
     rail_allreduce,
     rail_iallreduce,
+    world_max,
 )
 from minidp.comm.network import NetworkModel, set_network_model
 from minidp.comm.shared import SharedArray
-from minidp.comm.topology import Topology
+from minidp.comm.topology import Topology, mpi_library
 
 __all__ = ["ALLREDUCE_ALGORITHMS", "AllreduceRequest", "NetworkModel", "SharedArray", "Topology",
-           "allreduce", "broadcast", "iallreduce", "node_allreduce", "node_broadcast",
-           "p2p", "rail_allreduce", "rail_iallreduce", "set_network_model", "shared_buffer"]
+           "allreduce", "broadcast", "broadcast_object", "iallreduce", "mpi_library",
+           "node_allreduce", "node_broadcast", "p2p", "rail_allreduce", "rail_iallreduce",
+           "set_network_model", "shared_buffer", "world_max"]

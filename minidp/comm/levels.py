@@ -10,6 +10,8 @@ from one local rank (DASO after a receive). Each goes through the same accountin
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from mpi4py import MPI
 
@@ -112,3 +114,18 @@ def broadcast(buffer: np.ndarray, topology: Topology, root: int = 0,
         with charged(level, what, rounds if sent else 0, sent * rounds):
             guard.wait(topology.world.Ibcast(buffer, root=root), topology.world, what)
     return buffer
+
+
+def world_max(buffer: np.ndarray, topology: Topology, what: str = "world max") -> np.ndarray:
+    """Element-wise maximum of ``buffer`` over the world, in place.
+
+    Timed wait, not charged: a few numbers of bookkeeping (the epoch's phase timers).
+    """
+    guard.check_same(topology.world, what, buffer)
+    guard.wait(topology.world.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.MAX), topology.world, what)
+    return buffer
+
+
+def broadcast_object(obj: Any, topology: Topology, root: int = 0) -> Any:
+    """A small JSON-like object of world rank ``root`` on every rank (pickled: never arrays)."""
+    return topology.world.bcast(obj, root=root)

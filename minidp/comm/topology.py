@@ -34,6 +34,11 @@ from minidp.comm import guard
 ROLES = ("worker", "server")
 
 
+def mpi_library() -> str:
+    """The first line of the MPI library's version string (without Open MPI's trailing NUL)."""
+    return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
+
+
 class Topology:
     """Roles, communicators and numbers of a P-nodes x G-ranks layout.
 
@@ -48,11 +53,12 @@ class Topology:
                  servers: int = 0) -> None:
         self.world = comm if comm is not None else MPI.COMM_WORLD
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
-        if isinstance(servers, bool) or not isinstance(servers, int) or \
-                not 0 <= servers < self.size:
-            raise ValueError(f"rank {self.rank}: servers: got {servers!r}, allowed: 0 to "
-                             f"{self.size - 1} (a world of {self.size} rank(s) needs at least "
-                             "one worker)")
+        if isinstance(servers, bool) or not isinstance(servers, int) or servers < 0:
+            raise ValueError(f"rank {self.rank}: servers: got {servers!r}, allowed: an int >= 0")
+        if servers >= self.size:
+            raise ValueError(f"rank {self.rank}: the strategy needs {servers} server rank(s), "
+                             f"and a world of {self.size} rank(s) needs at least one worker "
+                             f"besides them: launch at least {servers + 1} ranks")
         self.num_servers = servers
         self.server_ranks = list(range(servers))
         self.worker_ranks = list(range(servers, self.size))

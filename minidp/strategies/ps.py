@@ -204,7 +204,8 @@ class ParameterServer(Strategy):
     def apply(self, grad: np.ndarray, scale: float) -> None:
         """One server update of this shard: SGD (momentum for amsgd) on ``scale`` x grad.
 
-        The gradient is scaled, not the rate, so weight decay acts once per update.
+        The gradient is scaled, not the rate, so weight decay acts once per update; it is
+        scaled in place (callers pass a receive or accumulation buffer they reuse).
         """
         with tracer().phase("optimizer"):
             opt, shard = self.optimizer, self.shard
@@ -214,7 +215,7 @@ class ParameterServer(Strategy):
                 lr = self.lr_schedule(self.samples_applied // round_samples)
             momentum = opt.momentum if self.server_momentum else 0.0
             if scale != 1.0:
-                grad = grad * scale
+                grad *= scale
             sgd_update(self.flat.data[shard], grad, opt.state[shard], lr, momentum,
                        opt.weight_decay, opt.nesterov and self.server_momentum)
         self.version += 1

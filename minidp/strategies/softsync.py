@@ -52,7 +52,9 @@ class SoftSyncSGD(ParameterServer):
 
     def on_gradient(self, worker: int, grad: np.ndarray, staleness: int, samples: int) -> None:
         """Add alpha(sigma)/lr * g to the buffer; update at the c-th gradient."""
-        self.sum += grad / max(staleness, 1)
+        if staleness > 1:
+            grad *= 1.0 / staleness  # the receive buffer: scaled in place, no allocation
+        self.sum += grad
         self.buffered += 1
         if self.buffered == self.c:
             self.flush()

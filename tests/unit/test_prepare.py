@@ -1,10 +1,10 @@
 """Preparing a data set: the training file shuffled once (fixed seed), the test file as is."""
 
 import os
-import pickle
 
 import numpy as np
 import pytest
+from test_datasets import write_cifar
 
 from minidp.io import PREPARE_SEED, dataset_paths, load_dataset, prepare_dataset
 from minidp.io.mdp import read_mdp
@@ -100,18 +100,8 @@ def test_preparing_twice_gives_identical_bytes(prepared, tmp_path):
             assert a.read() == b.read(), second
 
 
-def write_cifar(directory, per_batch=3):
-    rng = np.random.default_rng(4)
-    os.makedirs(directory)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 b"labels": list(rng.integers(0, 10, per_batch))}
-        with open(os.path.join(directory, name), "wb") as f:
-            pickle.dump(batch, f)
-
-
 def test_source_dir_is_read_and_out_dir_written(tmp_path):
-    write_cifar(tmp_path / "src" / "cifar-10-batches-py")
+    write_cifar(tmp_path / "src" / "cifar-10-batches-py", per_batch=3)
     source = load_dataset("cifar10", str(tmp_path / "src"))
     out = tmp_path / "new" / "out"
     train, test = prepare_dataset("cifar10", str(out), source_dir=str(tmp_path / "src"))
@@ -125,7 +115,7 @@ def test_source_dir_is_read_and_out_dir_written(tmp_path):
 
 
 def test_source_dir_defaults_to_out_dir(tmp_path):
-    write_cifar(tmp_path / "cifar-10-batches-py")
+    write_cifar(tmp_path / "cifar-10-batches-py", per_batch=3)
     train, _ = prepare_dataset("cifar10", str(tmp_path))
     assert read_mdp(train)[2].count == 15
 
