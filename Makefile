@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(MPI)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv test test-unit test-nojit test-min data demo lint bench torch clean
+.PHONY: venv test test-faults test-unit test-nojit test-min data demo lint bench torch clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ test-nojit: venv
 
 test: venv lint test-nojit
 	$(BIN)/python -m pytest -q tests
+
+# Every strategy with every injected fault (raise, kill, hang); `make test` runs a third.
+test-faults: venv
+	MINIDP_FAULT_MATRIX=full $(BIN)/python -m pytest -q tests/test_faults.py
 
 # The declared lower bounds, tested: a second venv with tests/constraints-min.txt (the
 # minimum numpy, numba, mpi4py, threadpoolctl and pytest) runs the unit tests; not part of

@@ -5,7 +5,10 @@ installed, ``mpiexec -n N minidp train ...`` (the console script does what ``-m 
 does); without either, minidp installs its own hook, so an exception on one rank still
 aborts every rank. A user error (bad setting, refused --out or --resume, bad
 ``MINIDP_*`` variable) is one line ``error: ...`` with exit status 2: printed once, by
-rank 0, when every rank has the same error, else by each rank, and the job is aborted.
+rank 0, when every rank has the same error, and the job ends normally (MPI finalised,
+no abort banner, nothing left in ``/dev/shm``); else printed by each rank, and the job
+is aborted. A run stopped by SIGTERM or SIGUSR1 writes a checkpoint and exits with
+status 3 (:data:`minidp.stopping.EXIT_STOPPED`): resume it with ``--resume``.
 """
 
 from __future__ import annotations
@@ -82,33 +85,53 @@ def report_error(exc: BaseException, errors: MPI.Comm) -> int:
             break
         time.sleep(0.002)
     else:
-        common = {re.sub(r"^rank \d+: ", "", m) for m in errors.allgather(message)}
+        from minidp.comm import guard
+
+        common = {re.sub(r"^rank \d+: ", "", m)
+                  for m in guard.allgather_object(errors, message, "compare error messages")}
         if len(common) == 1:
             if errors.Get_rank() == 0:
                 print(f"error: {common.pop()}", file=sys.stderr, flush=True)
-            errors.Barrier()  # under -m mpi4py, exit status 2 aborts: not before the print
-            return 2
+            return finalized(2)
     print(f"error: {message}", file=sys.stderr, flush=True)
     if errors.Get_size() > 1:
         errors.Abort(2)
     return 2
 
 
+def finalized(status: int) -> int:
+    """End MPI on every rank (collectively), then return ``status``.
+
+    Under ``python -m mpi4py`` a non-zero exit status of a rank that has not finalised
+    MPI aborts the job (a banner per rank, shared-memory files left behind); an outcome
+    that every rank reaches alike is a normal end with that status instead.
+    """
+    from mpi4py import MPI
+
+    MPI.Finalize()
+    return status
+
+
 def train(args: argparse.Namespace) -> int:
     """Run one training job (every rank); rank 0 prints epochs and the phase table."""
     from mpi4py import MPI
 
+    from minidp import threads
     from minidp.comm import guard
     from minidp.config import from_args
     from minidp.report import phase_table
+    from minidp.stopping import EXIT_STOPPED, Stopped
     from minidp.train import Trainer
 
     guard.install_abort_hook()
-    errors = MPI.COMM_WORLD.Dup()
-    rank = errors.Get_rank()
+    errors = MPI.COMM_WORLD  # until its duplicate exists
+    rank = MPI.COMM_WORLD.Get_rank()
     try:
         guard.comm_timeout()  # a bad MINIDP_* is a user error too, reported like a flag
         guard.debug_checks()
+        threads.check()
+        guard.roll_call(MPI.COMM_WORLD, "start")  # a rank that never starts is named
+        errors = guard.collective(MPI.COMM_WORLD, "start", MPI.COMM_WORLD.Dup)
         config = from_args(args)
         trainer = Trainer(config)
         if rank == 0:
@@ -120,6 +143,10 @@ def train(args: argparse.Namespace) -> int:
                   f"{config.dataset} ({trainer.batches} batches of {trainer.batch_size} per "
                   "worker per epoch)", flush=True)
         summary = trainer.fit()
+    except Stopped as stop:
+        if rank == 0:
+            print(f"{stop} (exit status {EXIT_STOPPED})", file=sys.stderr, flush=True)
+        return finalized(EXIT_STOPPED)
     except (ValueError, TypeError, OSError, FloatingPointError) as exc:
         return report_error(exc, errors)
     if rank == 0:

@@ -6,6 +6,10 @@ Layout under ``--out``::
                                            configuration, the epochs so far
     checkpoints/epoch-0003/rank-00000.npz  one per rank: parameters, buffers, optimizer,
                                            LR-scheduler step, strategy state, RNG states
+    checkpoints/epoch-0003-batch-00042/    after epoch 3 and 42 batches of epoch 4: a
+                                           run stopped between batches on a signal
+                                           (:mod:`minidp.stopping`); the rank files also
+                                           hold the partial epoch's loss sums
 
 Each rank writes (and fsyncs) its file into ``epoch-0003.tmp``; after a barrier rank 0
 writes ``meta.json`` and renames the directory, so a checkpoint either exists whole or
@@ -24,7 +28,8 @@ schedule; DASO's cool-down), and a checkpoint at or past ``--epochs`` is a finis
 Another world size is allowed for ``sync`` only, where every replica holds the same
 state: every rank then loads rank 0's file. That run is not bit-exact with an
 uninterrupted one, because the data split over the ranks (and the global batch, with
-``--batch-size``) changes.
+``--batch-size``) changes; a checkpoint taken between batches resumes on its own world
+size only (its position in the epoch is a position in each rank's shard).
 """
 
 from __future__ import annotations
@@ -59,8 +64,14 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def name(epoch: int, batch: int = 0) -> str:
+    """The directory name of the checkpoint after ``epoch`` epochs and ``batch`` batches."""
+    return f"epoch-{epoch:04d}" + (f"-batch-{batch:05d}" if batch else "")
+
+
 def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray],
-         state: dict[str, Any], meta: dict[str, Any], config: dict[str, Any]) -> str:
+         state: dict[str, Any], meta: dict[str, Any], config: dict[str, Any],
+         batch: int = 0) -> str:
     """Collectively write the checkpoint of ``epoch`` (1-based, completed); returns its path.
 
     Args:
@@ -71,9 +82,10 @@ def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray]
         state: this rank's JSON-able state.
         meta: rank 0's description of the run (``history`` of the epochs so far).
         config: the run's configuration (``dataclasses.asdict``), checked on resume.
+        batch: batches of the next epoch done (a stop between batches), else 0.
     """
     root = os.path.join(out, "checkpoints")
-    final = os.path.join(root, f"epoch-{epoch:04d}")
+    final = os.path.join(root, name(epoch, batch))
     tmp = final + ".tmp"
     if topology.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -88,8 +100,8 @@ def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray]
     if topology.rank == 0:
         sequence = max((_sequence(d) for d in complete(out)), default=0) + 1
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(dict(meta, epoch=epoch, world_size=topology.size, sequence=sequence,
-                           config=config), f, indent=1)
+            json.dump(dict(meta, epoch=epoch, batch=batch, world_size=topology.size,
+                           sequence=sequence, config=config), f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         shutil.rmtree(final, ignore_errors=True)
@@ -114,8 +126,8 @@ def _sequence(directory: str) -> int:
 
 def complete(out: str) -> list[str]:
     """Finished checkpoint directories under ``out``, least recently written first."""
-    found = glob.glob(os.path.join(glob.escape(out), "checkpoints",
-                                   "epoch-[0-9][0-9][0-9][0-9]"))
+    found = glob.glob(os.path.join(glob.escape(out), "checkpoints", "epoch-[0-9]*"))
+    found = [d for d in found if not d.endswith(".tmp")]
     done = [d for d in found if os.path.exists(os.path.join(d, "meta.json"))]
     return sorted(done, key=lambda d: (_sequence(d), d))
 
@@ -179,7 +191,12 @@ def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: in
             problems.append(f"--epochs: checkpoint {saved.get('epochs')}, now {epochs}, but "
                             "daso places its cool-down epochs at the end of the run, so it "
                             "cannot change on resume")
-    if meta["world_size"] != world_size and now["strategy"] not in ANY_WORLD_SIZE:
+    if meta["world_size"] != world_size and meta.get("batch"):
+        problems.append(f"world size: checkpoint {meta['world_size']} ranks, now {world_size}; "
+                        f"it was taken between batches (batch {meta['batch']} of epoch "
+                        f"{done + 1}), a position in each rank's shard, so it resumes only on "
+                        f"{meta['world_size']} ranks")
+    elif meta["world_size"] != world_size and now["strategy"] not in ANY_WORLD_SIZE:
         problems.append(f"world size: checkpoint {meta['world_size']} ranks, now {world_size}; "
                         f"strategy {now['strategy']!r} keeps a different state on every rank, "
                         f"so it resumes only on {meta['world_size']} ranks (allowed on any "
@@ -215,7 +232,7 @@ def load(out: str, topology: Topology, config: dict[str, Any], restore: Restore)
             found = (written[-1], meta)
         except UsageError as exc:
             found = str(exc)
-    found = world.bcast(found, root=0)
+    found = guard.bcast_object(world, found, 0, "checkpoint to resume")
     if isinstance(found, str):
         raise UsageError(found)
     latest, meta = found
@@ -231,7 +248,7 @@ def load(out: str, topology: Topology, config: dict[str, Any], restore: Restore)
         problem = f"'{path}' has no {exc}"
     except (OSError, EOFError, ValueError, TypeError, zipfile.BadZipFile) as exc:
         problem = f"'{path}' is unreadable ({type(exc).__name__}: {exc})"
-    problems = [p for p in world.allgather(problem) if p]
+    problems = [p for p in guard.allgather_object(world, problem, "checkpoint loaded") if p]
     if problems:
         more = f" (and {len(problems) - 1} more rank file(s))" if len(problems) > 1 else ""
         raise UsageError(f"--resume: {problems[0]}{more}; start a new run without --resume")

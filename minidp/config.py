@@ -24,6 +24,7 @@ import math
 import tomllib
 from typing import Any
 
+from minidp import faults
 from minidp.comm import ALLREDUCE_ALGORITHMS
 from minidp.io.datasets import DATASETS
 from minidp.io.readers import READERS
@@ -77,6 +78,7 @@ class TrainConfig:
     comm_timeout: float | None = None
     progress: bool = True
     slowdown: str | None = None
+    inject_fault: str | None = None
 
     def slowdowns(self) -> dict[int, float]:
         """``--slowdown "1:3,2:1.5"`` as {rank: factor}; empty when not given."""
@@ -137,6 +139,7 @@ class TrainConfig:
         for name in ("weight_decay", "net_latency_us", "net_bandwidth_gbps"):
             _number(name, getattr(self, name), lambda v: v >= 0, "a finite number >= 0")
         self.slowdowns()
+        faults.parse(self.inject_fault)
         if self.comm_timeout is not None:
             _number("comm_timeout", self.comm_timeout, lambda v: v > 0,
                     "a finite number of seconds > 0")
@@ -220,6 +223,8 @@ HELP = {
     "comm_timeout": "seconds a rank waits for others before naming the missing ones",
     "slowdown": "RANK:FACTOR[,...]: make those ranks' compute FACTOR times slower "
     "(stragglers on one machine)",
+    "inject_fault": f"RANK:STEP:KIND[,...]: a fault at that rank's STEP-th step, KIND one of "
+    f"{', '.join(faults.KINDS)} (tests, teaching)",
 }
 
 

@@ -41,7 +41,7 @@ from mpi4py import MPI
 
 import minidp
 from minidp import checkpoint
-from minidp.comm import mpi_library
+from minidp.comm import guard, mpi_library
 from minidp.config import UsageError
 from minidp.report import atomic_write
 
@@ -164,7 +164,7 @@ def open_run(out: str | None, resume: str, overwrite: bool, comm: MPI.Comm,
             decision = str(exc)
         except OSError as exc:
             decision = f"--out: {exc}"
-    decision = comm.bcast(decision, root=0)
+    decision = guard.bcast_object(comm, decision, 0, "open run directory")
     if isinstance(decision, str):
         raise UsageError(decision)
     return decision
@@ -186,7 +186,7 @@ def git_commit(directory: str) -> str | None:
 
 def run_record(config: dict[str, Any], comm: MPI.Comm, ranks_per_node: int) -> dict[str, Any]:
     """What ``run.json`` says about this start (collective: every rank's host is gathered)."""
-    hosts = comm.allgather(socket.gethostname())
+    hosts = guard.allgather_object(comm, socket.gethostname(), "run.json hosts")
     record = {
         "config": config,
         "versions": {"minidp": minidp.__version__, "python": sys.version.split()[0],

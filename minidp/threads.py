@@ -2,16 +2,26 @@
 
 Oversubscription is the quiet killer of CPU data parallelism: with four ranks on two
 cores, two BLAS threads per rank made matmul 8 times slower here. minidp therefore
-sets the thread count itself, from the number of ranks that share this node. The
-local rank count comes from the launcher's environment (MPICH/Hydra's
-``MPI_LOCALNRANKS``, Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE``, Slurm), read before
-MPI is initialised, so the limit is in force before the first matmul.
-``MINIDP_NUM_THREADS`` overrides the choice.
+sets the thread count itself, before the first matmul, from the first of:
+
+1. ``MINIDP_NUM_THREADS`` (minidp's own override);
+2. ``OMP_NUM_THREADS`` as the user set it (a cluster's job script often does);
+3. ``SLURM_CPUS_PER_TASK`` (the scheduler's cores for each rank);
+4. the cores this process may use divided by the ranks on this node, from the
+   launcher's environment (MPICH/Hydra's ``MPI_LOCALNRANKS``, Open MPI's
+   ``OMPI_COMM_WORLD_LOCAL_SIZE``, Slurm), read before MPI is initialised.
+
+``python -m minidp info`` prints the count and which of these chose it. A bad value
+cannot break ``import minidp`` (the next source decides instead); :func:`check` makes
+it a user error naming the variable when training starts.
 """
 
 from __future__ import annotations
 
 import os
+
+# As the user's environment had it, before set_thread_environment() fills in defaults.
+_USER_OMP = os.environ.get("OMP_NUM_THREADS", "")
 
 _LOCAL_SIZE_VARIABLES = (
     "MPI_LOCALNRANKS",
@@ -41,27 +51,48 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _count(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() and int(text) >= 1 else None
+
+
+def choice() -> tuple[int, str]:
+    """(threads per rank, what chose it), from the sources in the module docstring."""
+    for name, text in (("MINIDP_NUM_THREADS", os.environ.get("MINIDP_NUM_THREADS", "")),
+                       ("OMP_NUM_THREADS", _USER_OMP),
+                       ("SLURM_CPUS_PER_TASK", os.environ.get("SLURM_CPUS_PER_TASK", ""))):
+        if _count(text):
+            return _count(text), f"{name}={text.strip()}"
+    cores, ranks = available_cores(), local_rank_count()
+    return max(1, cores // ranks), f"{cores} core(s) / {ranks} rank(s) on this node"
+
+
 def threads_per_rank() -> int:
-    """The thread count minidp uses: ``MINIDP_NUM_THREADS``, else cores // local ranks."""
-    override = os.environ.get("MINIDP_NUM_THREADS", "")
-    if override:
-        if not override.isdigit() or int(override) < 1:
-            raise ValueError(
-                f"MINIDP_NUM_THREADS: got {override!r}, allowed: a positive integer"
-            )
-        return int(override)
-    return max(1, available_cores() // local_rank_count())
+    """The thread count minidp uses (:func:`choice`)."""
+    return choice()[0]
+
+
+def check() -> None:
+    """Raise ValueError naming a set but unusable thread variable (a user error)."""
+    for name, text in (("MINIDP_NUM_THREADS", os.environ.get("MINIDP_NUM_THREADS", "")),
+                       ("OMP_NUM_THREADS", _USER_OMP)):
+        if text.strip() and not _count(text):
+            raise ValueError(f"{name}: got {text!r}, allowed: a positive integer (threads "
+                             "per rank)")
 
 
 def set_thread_environment() -> int:
     """Export thread counts for libraries not yet loaded; returns the count chosen.
 
     Called before NumPy is imported, so OpenBLAS/MKL start with the right pool size.
-    Explicit user settings of these variables are respected.
+    Explicit user settings of the library-specific variables are respected.
     """
     n = threads_per_rank()
     for name in THREAD_VARIABLES:
-        os.environ.setdefault(name, str(n))
+        if name == "OMP_NUM_THREADS" and not _count(_USER_OMP):
+            os.environ["OMP_NUM_THREADS"] = str(n)  # unset or unusable: ours
+        else:
+            os.environ.setdefault(name, str(n))
     return n
 
 
@@ -83,5 +114,6 @@ def thread_info() -> dict:
 
     pools = [{"library": p.get("internal_api"), "threads": p.get("num_threads"),
               "version": p.get("version")} for p in threadpool_info()]
+    n, reason = choice()
     return {"local_ranks": local_rank_count(), "cores": available_cores(),
-            "threads_per_rank": threads_per_rank(), "pools": pools}
+            "threads_per_rank": n, "chosen_by": reason, "pools": pools}

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import minidp
-from minidp import Tensor, backend, checkpoint, layers, no_grad, rundir, strategies, threads
+from minidp import Tensor, backend, checkpoint, faults, layers, no_grad, rundir, strategies, threads
 from minidp import functional as F
 from minidp.comm import (
     NetworkModel,
@@ -49,6 +49,7 @@ from minidp.io.training_data import open_training_data
 from minidp.optim import LARS, SGD, CosineLR, LRScheduler, PolynomialLR, Schedule, StepLR
 from minidp.optim.schedules import WarmupLR
 from minidp.report import RunFiles
+from minidp.stopping import Stopped, StopSignal
 from minidp.trace import PHASES, Tracer, set_tracer
 
 if TYPE_CHECKING:
@@ -95,8 +96,10 @@ class Trainer:
         self.strategy.plan(c.epochs, self.batch_size, schedule)
         self.scheduler = LRScheduler(self.optimizer, schedule)
         self.slowdown = c.slowdowns().get(self.rank, 1.0)
+        self.injector = faults.Injector(faults.parse(c.inject_fault), self.rank, self.size)
         self.history: list[dict[str, Any]] = []
-        self.totals = {"elapsed_s": 0.0}
+        self.totals = {"elapsed_s": 0.0, "steps": 0}  # steps: this rank's, over the run
+        self.partial: dict[str, Any] | None = None  # an epoch resumed between batches
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -134,7 +137,12 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
-        """Train (resuming if asked), write the outputs; returns the summary (every rank)."""
+        """Train (resuming if asked), write the outputs; returns the summary (every rank).
+
+        Raises:
+            Stopped: on every rank, after a SIGTERM or SIGUSR1 (:mod:`minidp.stopping`)
+                made the ranks stop and write a checkpoint.
+        """
         c, world = self.config, self.topology.world
         c.out, resuming = rundir.open_run(c.out, c.resume, c.overwrite, world)
         self.files = RunFiles(c.out, self.rank)
@@ -142,48 +150,79 @@ class Trainer:
         rundir.write_run_json(c.out, dataclasses.asdict(c), world, self.topology.local_size,
                               start if resuming else None)
         if self.rank == 0:
-            print(f"out: {c.out}" + (f" (resuming after epoch {start})" if resuming else ""),
+            after = f"epoch {start}" + (f", batch {self.partial['batch']}" if self.partial
+                                        else "")
+            print(f"out: {c.out}" + (f" (resuming after {after})" if resuming else ""),
                   flush=True)
         self.files.start_metrics(self.history)
+        self.stop = StopSignal(world, self.rank, self.strategy.stops_between_batches)
+        self.stop.install()
+        try:
+            self._epochs(start)
+        finally:
+            self.stop.uninstall()  # never collective here: a failing rank must not wait
+        self.stop.close()
+        return self._finish()
+
+    def _epochs(self, start: int) -> None:
+        c = self.config
         for epoch in range(start, c.epochs):
             metrics = self.train_epoch(epoch)
+            if metrics is None:  # all ranks stopped between batches on a signal
+                self._stopped(self._save_checkpoint(epoch, self.partial), "between batches")
             self.history.append(metrics)
             self.files.append_metrics(metrics)
             if self.rank == 0:
                 self._print_epoch(metrics)
             done = epoch + 1
+            signalled = metrics.pop("stop_signal") and done < c.epochs
             stop = bool(c.stop_after) and done - start >= c.stop_after and done < c.epochs
-            if c.checkpoint_every and (done % c.checkpoint_every == 0 or done == c.epochs
-                                       or stop):
-                self._save_checkpoint(done)
+            if signalled or c.checkpoint_every and (done % c.checkpoint_every == 0
+                                                    or done == c.epochs or stop):
+                path = self._save_checkpoint(done)
+            if signalled:
+                self._stopped(path, f"at the end of epoch {done}")
             if stop:
                 break
-        return self._finish()
 
-    def train_epoch(self, epoch: int) -> dict[str, Any]:
-        """One epoch on this rank; returns the epoch's metrics (equal on every rank)."""
+    def _stopped(self, path: str, where: str) -> None:
+        got = f"{self.stop.received} on this rank" if self.stop.received else "on another rank"
+        raise Stopped(f"rank {self.rank}: stopped on a signal ({got}) {where}; checkpoint "
+                      f"'{path}'; continue with --resume", path)
+
+    def train_epoch(self, epoch: int) -> dict[str, Any] | None:
+        """One epoch on this rank; returns the epoch's metrics (equal on every rank).
+
+        None: every rank stopped between batches on a signal (``self.partial`` holds
+        where). The metrics' ``stop_signal`` says whether a rank has seen one.
+        """
         tr, started = self.tracer, time.perf_counter()
         tr.reset()
         self.strategy.begin_epoch(epoch, self.batches)
         self.model.train()
         if self.is_worker:
-            loss_sum, steps, samples = self._work(epoch)
+            done = self._work(epoch)
+            if done is None:  # the run's totals go on from here when it resumes
+                self._add_totals(time.perf_counter() - started)
+                return None
+            loss_sum, steps, samples = done
         else:
             self.strategy.serve()
             loss_sum, steps, samples = 0.0, 0, 0
+        self.stop.settle()
         comm = sum(tr.seconds.get(p, 0.0) for p in ("comm_intra", "comm_inter", "wait"))
         seconds = np.array([tr.seconds.get(p, 0.0) for p in PHASES] +
-                           [comm, time.perf_counter() - started])
+                           [comm, time.perf_counter() - started, self.stop.flag[0]])
         world_max(seconds, self.topology, "epoch timers")
+        signalled = bool(seconds[-1])
+        seconds = seconds[:-1]
         loss_sum, steps, samples = self._world_sum(np.array([loss_sum, steps, samples]))
         train_loss = float(loss_sum / max(steps, 1))
         self.strategy.end_epoch(epoch, train_loss)
         self._average_buffers()
-        for key in COUNTERS:
-            self.totals[key] = self.totals.get(key, 0) + tr.counters.get(key, 0)
-        test_loss, accuracy = self.evaluate()
         wall = float(seconds[-1])
-        self.totals["elapsed_s"] += wall
+        self._add_totals(wall)
+        test_loss, accuracy = self.evaluate()
         metrics = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss,
                    "test_accuracy": accuracy, "wall_s": wall, "samples": int(samples),
                    "steps": int(steps), "phases": {p: float(s) for p, s in zip(PHASES, seconds)},
@@ -191,14 +230,30 @@ class Trainer:
         stats = broadcast_object(self.strategy.epoch_stats(), self.topology)  # rank 0's
         if stats:
             metrics["strategy"] = stats
+        metrics["stop_signal"] = signalled
         return metrics
 
-    def _work(self, epoch: int) -> tuple[float, int, int]:
-        """A worker's epoch: batches of the sizes the strategy gives, until it says stop."""
+    def _add_totals(self, seconds: float) -> None:
+        """Add the epoch's (or partial epoch's) byte and message counters and wall time."""
+        for key in COUNTERS:
+            self.totals[key] = self.totals.get(key, 0) + self.tracer.counters.get(key, 0)
+        self.totals["elapsed_s"] += seconds
+
+    def _work(self, epoch: int) -> tuple[float, int, int] | None:
+        """A worker's epoch: batches of the sizes the strategy gives, until it says stop.
+
+        Returns (loss sum, steps, samples), or None when every rank agreed to stop
+        between batches on a signal (``self.partial`` then says where, for the checkpoint).
+        """
         tr, c = self.tracer, self.config
         with tr.phase("data"):
             stream = self.data.reader.epoch(epoch, self.batch_size)
         loss_sum, steps, samples, passes = 0.0, 0, 0, 0
+        if self.partial:  # resumed between batches: this epoch's first batches are done
+            loss_sum, steps, samples = (self.partial[k] for k in ("loss_sum", "steps",
+                                                                  "samples"))
+            self.strategy.taken, stream.position = steps, steps * self.batch_size
+            self.partial = None
         while n := self.strategy.batch_size(self.batch_size):
             with tr.phase("data"):
                 batch = stream.take(n)
@@ -217,8 +272,11 @@ class Trainer:
                 loss = F.cross_entropy(self.model(Tensor(x)), batch[1])
             with tr.phase("backward"):
                 loss.backward()
-                if self.slowdown > 1:
-                    time.sleep((self.slowdown - 1) * (time.perf_counter() - computed))
+                self.totals["steps"] += 1
+                self.injector.at_step(self.totals["steps"], self.strategy.flat.grad)
+                slowdown = max(self.slowdown, self.injector.slow)
+                if slowdown > 1:
+                    time.sleep((slowdown - 1) * (time.perf_counter() - computed))
             self.strategy.step(steps)
             self.scheduler.step()
             value = loss.item()
@@ -227,6 +285,10 @@ class Trainer:
                                          f"{epoch + 1}, step {steps}; lower --lr")
             loss_sum, steps, samples = loss_sum + value, steps + 1, samples + n
             self._progress(epoch, steps)
+            if self.stop.between_batches and self.stop.poll():
+                self.partial = {"batch": steps, "loss_sum": loss_sum, "steps": steps,
+                                "samples": samples}
+                return None
         return loss_sum, steps, samples
 
     def _world_sum(self, values: np.ndarray) -> np.ndarray:
@@ -327,7 +389,12 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def _save_checkpoint(self, epoch: int) -> None:
+    def _save_checkpoint(self, epoch: int, partial: dict[str, Any] | None = None) -> str:
+        """Write the checkpoint after ``epoch`` epochs (and ``partial``'s batches of the next).
+
+        Non-finite parameters on any rank are an error on every rank, never a checkpoint.
+        """
+        self._check_finite(epoch)
         flat = self.strategy.flat
         arrays = {"params": np.array(flat.data), "optimizer": np.array(self.optimizer.state)}
         arrays.update({f"buffer:{k}": np.array(b) for k, b in self.model.named_buffers()})
@@ -335,10 +402,24 @@ class Trainer:
                    if isinstance(m, layers.Dropout)]
         state = {"lr": self.optimizer.lr, "optimizer_step": self.optimizer.step_count,
                  "scheduler_step": self.scheduler.last_step, "dropout": dropout,
-                 "strategy": self.strategy.state_dict(), "totals": self.totals}
-        checkpoint.save(self.config.out, epoch, self.topology, arrays, state,
-                        {"strategy": self.config.strategy, "history": self.history},
-                        dataclasses.asdict(self.config))
+                 "strategy": self.strategy.state_dict(), "totals": self.totals,
+                 "partial": partial}
+        return checkpoint.save(self.config.out, epoch, self.topology, arrays, state,
+                               {"strategy": self.config.strategy, "history": self.history},
+                               dataclasses.asdict(self.config),
+                               batch=partial["batch"] if partial else 0)
+
+    def _check_finite(self, epoch: int) -> None:
+        bad = [name for name, p in self.model.named_parameters()
+               if not np.all(np.isfinite(p.data))]
+        worst = world_max(np.array([self.rank if bad else -1.0]), self.topology,
+                          "checkpoint parameters finite")
+        if worst[0] >= 0:
+            whose = (f"its parameter {bad[0]!r} is" if bad else
+                     f"rank {int(worst[0])}'s parameters are")
+            raise FloatingPointError(f"rank {self.rank}: not writing the checkpoint after "
+                                     f"epoch {epoch}: {whose} not finite; lower --lr, or "
+                                     "resume from the last checkpoint")
 
     def _resume(self) -> int:
         """Restore the latest checkpoint in --out, checked against this run; returns its epoch.
@@ -368,7 +449,8 @@ class Trainer:
             self.optimizer.lr = state["lr"]
             self.strategy.load_state_dict(state["strategy"])
             self.totals = (dict(state["totals"]) if same_world
-                           else {"elapsed_s": float(state["totals"]["elapsed_s"])})
+                           else {"elapsed_s": float(state["totals"]["elapsed_s"]), "steps": 0})
+            self.partial = state.get("partial")
             self.history = list(meta["history"])
 
         meta = checkpoint.load(self.config.out, self.topology, dataclasses.asdict(self.config),

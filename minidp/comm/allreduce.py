@@ -93,7 +93,10 @@ def ring_allreduce(buf: np.ndarray, topology: Topology) -> None:
         allgather: the finished chunks travel p-1 steps further around the same ring.
 
     Each rank sends 2(p-1)/p of the buffer, in 2(p-1) messages; chunk sizes differ by
-    at most one element, so any world size and buffer size work.
+    at most one element, so any world size and buffer size work. Every exchange is a
+    :func:`guard.sendrecv`: a stopped neighbour is named after the timeout, and the
+    label names both neighbours, so a rank two steps away from a stopped one finds it
+    in what its own neighbour is waiting in.
     """
     comm, p, r = topology.world, topology.size, topology.rank
     if p == 1 or buf.size == 0:
@@ -101,16 +104,16 @@ def ring_allreduce(buf: np.ndarray, topology: Topology) -> None:
     b = chunk_bounds(buf.size, p)
     tmp = _scratch(topology, b[1] - b[0] + 1, buf.dtype)
     right, left = (r + 1) % p, (r - 1) % p
+    label = f"ring allreduce from rank {left} to rank {right}"
     for step in range(p - 1):
         send, recv = (r - step) % p, (r - step - 1) % p
         n = b[recv + 1] - b[recv]
-        comm.Sendrecv(buf[b[send]:b[send + 1]], dest=right, sendtag=_TAG,
-                      recvbuf=tmp[:n], source=left, recvtag=_TAG)
+        guard.sendrecv(comm, buf[b[send]:b[send + 1]], right, tmp[:n], left, _TAG, label)
         buf[b[recv]:b[recv + 1]] += tmp[:n]
     for step in range(p - 1):
         send, recv = (r + 1 - step) % p, (r - step) % p
-        comm.Sendrecv(buf[b[send]:b[send + 1]], dest=right, sendtag=_TAG + 1,
-                      recvbuf=buf[b[recv]:b[recv + 1]], source=left, recvtag=_TAG + 1)
+        guard.sendrecv(comm, buf[b[send]:b[send + 1]], right, buf[b[recv]:b[recv + 1]], left,
+                       _TAG + 1, label)
 
 
 def recursive_doubling_allreduce(buf: np.ndarray, topology: Topology) -> None:
@@ -129,12 +132,18 @@ def recursive_doubling_allreduce(buf: np.ndarray, topology: Topology) -> None:
     pof2 = 1 << (p.bit_length() - 1)
     rem = p - pof2
     tmp = _scratch(topology, buf.size, buf.dtype)
+    # Every send and receive is completed by a timed wait naming the partner; the label
+    # names it too, so the status board shows who waits for whom.
+    label = "recursive doubling allreduce with rank {}".format
     if r < 2 * rem:
         if r % 2 == 0:
-            comm.Send(buf, dest=r + 1, tag=_TAG + 2)
-            comm.Recv(buf, source=r + 1, tag=_TAG + 3)
+            guard.wait_peer(comm.Isend(buf, dest=r + 1, tag=_TAG + 2), comm, [r + 1],
+                            label(r + 1))
+            guard.wait_peer(comm.Irecv(buf, source=r + 1, tag=_TAG + 3), comm, [r + 1],
+                            label(r + 1))
             return
-        comm.Recv(tmp, source=r - 1, tag=_TAG + 2)
+        guard.wait_peer(comm.Irecv(tmp, source=r - 1, tag=_TAG + 2), comm, [r - 1],
+                        label(r - 1))
         buf += tmp
         new_rank = r // 2
     else:
@@ -143,12 +152,12 @@ def recursive_doubling_allreduce(buf: np.ndarray, topology: Topology) -> None:
     while mask < pof2:
         partner_new = new_rank ^ mask
         partner = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
-        comm.Sendrecv(buf, dest=partner, sendtag=_TAG + 4, recvbuf=tmp, source=partner,
-                      recvtag=_TAG + 4)
+        guard.sendrecv(comm, buf, partner, tmp, partner, _TAG + 4, label(partner))
         buf += tmp
         mask <<= 1
     if r < 2 * rem:
-        comm.Send(buf, dest=r - 1, tag=_TAG + 3)
+        guard.wait_peer(comm.Isend(buf, dest=r - 1, tag=_TAG + 3), comm, [r - 1],
+                        label(r - 1))
 
 
 def _node_window(buf: np.ndarray, topology: Topology) -> tuple[SharedArray, bool]:

@@ -3,12 +3,24 @@
 * :func:`wait` completes a request by polling it; past the timeout
   (:func:`set_timeout`, else ``MINIDP_COMM_TIMEOUT`` seconds, default 300) it raises
   :class:`CommTimeout` naming the ranks of the communicator that never arrived and the
-  operation each of them was last in. Every blocking collective of minidp (node
-  barriers, rails, the world allreduce, DASO's receive) waits through here.
+  operation each of them was last in. Every blocking MPI call of minidp goes through
+  this module (``tests/unit/test_guard_scan.py`` checks the source), by one of:
+
+  - :func:`wait`: a non-blocking collective the caller started (``Iallreduce``,
+    ``Ibcast``, ``File.Iread_at_all``, ...); :func:`barrier`: ``Ibarrier``;
+  - :func:`bcast_object`, :func:`allgather_object`: small picklable objects (decisions,
+    messages, sizes), moved as bytes by ``Ibcast`` / ``Iallgatherv``;
+  - :func:`collective`: what MPI has no non-blocking form of (``Split``,
+    ``Win.Allocate_shared``, ``Win.Fence``, ``File.Open``, ``Free``): a timed barrier,
+    then the call;
+  - :func:`wait_peer`, :func:`sendrecv`, :func:`probe_peer`: point-to-point, timing out
+    naming the silent peer;
+  - :func:`roll_call`: a barrier that names missing ranks before the board exists.
 * The names come from a status board: a small shared-memory window over the ranks of
-  each real node (built with the first world :class:`~minidp.comm.Topology`), where a
-  rank writes what it is waiting in. Reading it needs nothing from the missing rank, which
-  is busy elsewhere; ranks on other real nodes are reported as not visible.
+  each real node (built first thing by the first world :class:`~minidp.comm.Topology`,
+  after a :func:`roll_call`), where a rank writes what it is waiting in. Reading it
+  needs nothing from the missing rank, which is busy elsewhere; ranks on other real
+  nodes are reported as not visible.
 * :func:`check_same` (on when ``MINIDP_DEBUG=1`` or :func:`set_debug`) gathers, before a
   collective, each rank's operation, shape and dtype, and raises on every rank naming the
   ranks that differ from rank 0, instead of letting mismatched calls corrupt data or deadlock.
@@ -23,16 +35,19 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
 _RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("label", "S104")])
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
+_ROLL_CALL_TAG = 7399  # point-to-point on the world, before any other minidp message
+_T = TypeVar("_T")
 _SWITCH = {"": False, "0": False, "false": False, "no": False, "off": False,
            "1": True, "true": True, "yes": True, "on": True}
 
@@ -84,13 +99,20 @@ def debug_checks() -> bool:
     return _settings["debug"]
 
 
+_SET_UP = "topology set-up: status board"
+
+
 class _Board:
     """One record per rank of the real node: what that rank is waiting in, if anything."""
 
     def __init__(self, world: MPI.Comm) -> None:
         self.world = world
-        self.node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-        self.window = MPI.Win.Allocate_shared(_RECORD.itemsize, _RECORD.itemsize, comm=self.node)
+        # Until the board exists no timeout can name anyone: the roll call can.
+        roll_call(world, _SET_UP)
+        self.node = collective(world, _SET_UP, world.Split_type, MPI.COMM_TYPE_SHARED,
+                               key=world.Get_rank())
+        self.window = collective(self.node, _SET_UP, MPI.Win.Allocate_shared,
+                                 _RECORD.itemsize, _RECORD.itemsize, comm=self.node)
         base, _ = self.window.Shared_query(0)
         n = self.node.Get_size()
         memory = MPI.buffer.fromaddress(base.address, n * _RECORD.itemsize)
@@ -99,9 +121,11 @@ class _Board:
         self.mine["waiting"], self.mine["count"] = 0, 0
         self.mine["label"], self.mine["since"] = b"start", time.time()
         # world rank -> slot on this node (absent: another real node)
-        self.slots = {w: s for s, w in enumerate(self.node.allgather(world.Get_rank()))}
+        self.slots = {w: s for s, w in enumerate(
+            allgather_object(self.node, world.Get_rank(), _SET_UP))}
         self.counts: dict[str, int] = {}
-        self.node.Barrier()
+        # No rank reads the board before every record is initialised.
+        barrier(self.node, _SET_UP)
 
     def call(self, label: str) -> int:
         """Number this rank's calls per label, finished at once or not, so ranks agree."""
@@ -132,7 +156,7 @@ class _Board:
                 continue
             state = "waiting in" if rec["waiting"] else "last in"
             lines.append(f"rank {world_rank}: never arrived ({state} {there!r} #{rec['count']}, "
-                         f"{now - rec['since']:.1f} s ago)")
+                         f"{max(0.0, now - rec['since']):.1f} s ago)")
         return lines
 
 
@@ -147,7 +171,10 @@ def ensure_board(world: MPI.Comm) -> None:
 
 
 def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
-    """Complete ``request`` (a collective on ``comm``), or raise CommTimeout past the timeout."""
+    """Complete ``request`` (a collective on ``comm``), or raise CommTimeout past the timeout.
+
+    The request is left as it is on a timeout: the job is expected to end.
+    """
     board = _board.get("board")
     label = f"{operation} on {comm.Get_name()}"
     count = board.call(label) if board else 0
@@ -155,25 +182,126 @@ def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
         return
     if board:
         board.enter(label, count)
-    deadline = time.monotonic() + comm_timeout()
-    polls = 0
-    while not request.Test():
-        polls += 1
-        if polls > 64:
-            # Ranks may outnumber cores: let the rank we wait for run.
-            os.sched_yield()
-        if time.monotonic() > deadline:
-            details = board.missing(comm, label, count) if board else ["(no status board)"]
-            raise CommTimeout(f"rank {MPI.COMM_WORLD.Get_rank()}: {label!r} waited "
-                              f"{comm_timeout():g} s (MINIDP_COMM_TIMEOUT); "
-                              + "; ".join(details))
-    if board:
-        board.leave()
+    try:
+        deadline = time.monotonic() + comm_timeout()
+        polls = 0
+        while not request.Test():
+            polls += 1
+            if polls > 64:
+                # Ranks may outnumber cores: let the rank we wait for run.
+                os.sched_yield()
+            if time.monotonic() > deadline:
+                details = (board.missing(comm, label, count) if board
+                           else ["(no status board)"])
+                raise CommTimeout(f"rank {MPI.COMM_WORLD.Get_rank()}: {label!r} waited "
+                                  f"{comm_timeout():g} s (MINIDP_COMM_TIMEOUT); "
+                                  + "; ".join(details))
+    finally:
+        # A caller that handles the timeout goes on: the board must not say it still waits.
+        if board:
+            board.leave()
 
 
 def barrier(comm: MPI.Comm, operation: str = "barrier") -> None:
     """A barrier that times out naming the ranks that never arrived."""
     wait(comm.Ibarrier(), comm, operation)
+
+
+def collective(comm: MPI.Comm, operation: str, call: Callable[..., _T], /, *args: Any,
+               **kwargs: Any) -> _T:
+    """``call(*args, **kwargs)``, a blocking collective on ``comm``, once every rank is there.
+
+    For what MPI has no non-blocking form of (``Split``, ``Split_type``,
+    ``Win.Allocate_shared``, ``Win.Fence``, ``File.Open``, ``File.Close``, ``Free``): a
+    timed :func:`barrier` first, so a rank that never comes is named; the call itself
+    then only waits for ranks that have just arrived.
+
+    Example: ``guard.collective(world, "split nodes", world.Split, color, key=rank)``.
+    """
+    barrier(comm, operation)
+    return call(*args, **kwargs)
+
+
+def bcast_object(comm: MPI.Comm, obj: Any, root: int, operation: str) -> Any:
+    """Root's ``obj`` on every rank of ``comm`` (pickled), by two timed ``Ibcast``.
+
+    For small objects (decisions, error messages, sizes): never for arrays. The root
+    gets its own object back, the others an unpickled copy.
+    """
+    if comm.Get_size() == 1:
+        return obj
+    mine = comm.Get_rank() == root
+    data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if mine else b""
+    size = np.array([len(data)], np.int64)
+    wait(comm.Ibcast(size, root=root), comm, operation)
+    payload = np.frombuffer(data, np.uint8) if mine else np.empty(int(size[0]), np.uint8)
+    wait(comm.Ibcast(payload, root=root), comm, operation)
+    return obj if mine else pickle.loads(payload.tobytes())
+
+
+def allgather_object(comm: MPI.Comm, obj: Any, operation: str) -> list[Any]:
+    """Every rank's ``obj`` (pickled), in rank order, by timed ``Iallgather(v)``."""
+    data = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.empty(comm.Get_size(), np.int64)
+    wait(comm.Iallgather(np.array([data.size], np.int64), sizes), comm, operation)
+    offsets = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    gathered = np.empty(int(sizes.sum()), np.uint8)
+    wait(comm.Iallgatherv(data, [gathered, sizes, offsets, MPI.BYTE]), comm, operation)
+    return [pickle.loads(gathered[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+
+
+def roll_call(comm: MPI.Comm, operation: str) -> None:
+    """A barrier that names the ranks that never arrive, without the status board.
+
+    Before the board exists (the first world Topology builds it, after this call) a
+    timed barrier could only say that someone is missing. Here every rank sends rank 0
+    one byte; rank 0 waits for all of them (or the timeout) and answers every rank that
+    came with the list of who did. Rank 0 then names the missing ranks, and so does
+    every rank that came; if rank 0 is the missing one, the others name it after the
+    timeout and a grace (up to 2 s more, so that rank 0, when present, speaks first).
+    Point-to-point on ``comm`` with a tag of its own: 2(size - 1) messages.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        return
+    label, timeout = f"{operation} (roll call) on {comm.Get_name()}", comm_timeout()
+    came = np.zeros(size, np.uint8)  # rank 0: who has come; the others: rank 0's answer
+    if rank == 0:
+        came[0] = 1
+        calls = [comm.Irecv([came[r:r + 1], MPI.BYTE], r, _ROLL_CALL_TAG)
+                 for r in range(1, size)]
+        if not _poll_until(lambda: MPI.Request.Testall(calls), timeout):
+            for call in calls:
+                withdraw(call)
+        present = [r for r in range(1, size) if came[r]]
+        answers = [comm.Isend([came, MPI.BYTE], r, _ROLL_CALL_TAG) for r in present]
+        _poll_peers(lambda: MPI.Request.Testall(answers), comm, present, label)
+    else:
+        answer = comm.Irecv([came, MPI.BYTE], 0, _ROLL_CALL_TAG)
+        hello = comm.Isend([np.ones(1, np.uint8), MPI.BYTE], 0, _ROLL_CALL_TAG)
+        grace = min(timeout, 2.0)
+        if _poll_until(answer.Test, timeout + grace):
+            hello.Wait()  # local: rank 0 answers only the ranks whose byte it received
+        else:
+            withdraw(answer)
+            raise CommTimeout(f"rank {rank}: {label!r} waited {timeout:g} s "
+                              f"(MINIDP_COMM_TIMEOUT) and {grace:g} s more for rank 0; "
+                              "rank 0: never answered (it never arrived, or still waits "
+                              "for a rank that did not)")
+    missing = [r for r in range(size) if not came[r]]
+    if missing:
+        raise CommTimeout(f"rank {rank}: {label!r} waited {timeout:g} s (MINIDP_COMM_TIMEOUT); "
+                          + "; ".join(f"rank {r}: never arrived" for r in missing))
+
+
+def _poll_until(done: Callable[[], bool], seconds: float) -> bool:
+    """Call ``done`` until it is true (then True) or ``seconds`` have passed (False)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        os.sched_yield()
+    return True
 
 
 def _peer_states(board: _Board, comm: MPI.Comm, peers: list[int]) -> list[str]:
@@ -192,7 +320,7 @@ def _peer_states(board: _Board, comm: MPI.Comm, peers: list[int]) -> list[str]:
         state = "waiting in" if rec["waiting"] else "last in"
         label = rec["label"].decode(errors="replace")
         lines.append(f"rank {peer}: {state} {label!r} #{rec['count']}, "
-                     f"{now - rec['since']:.1f} s ago")
+                     f"{max(0.0, now - rec['since']):.1f} s ago")
     return lines
 
 
@@ -245,6 +373,31 @@ def wait_peer(request: MPI.Request, comm: MPI.Comm, peers: list[int], operation:
     _poll_peers(lambda: request.Test(status), comm, peers, operation)
 
 
+def withdraw(request: MPI.Request, status: MPI.Status | None = None) -> bool:
+    """Cancel a posted receive: True if cancelled, False if a message completed it first.
+
+    The ``Wait`` after ``Cancel`` is local (MPI guarantees that it returns whatever the
+    other ranks do); ``status`` is filled either way.
+    """
+    status = status if status is not None else MPI.Status()
+    request.Cancel()
+    request.Wait(status)
+    return status.Is_cancelled()
+
+
+def sendrecv(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
+             tag: int, operation: str) -> None:
+    """``comm.Sendrecv`` as ``Irecv`` + ``Isend``, each completed by :func:`wait_peer`.
+
+    A timeout names ``source`` (for the receive) or ``dest`` (for the send) with what the
+    status board says it is doing; the requests are left as they are (the job ends).
+    """
+    receiving = comm.Irecv(recv, source=source, tag=tag)
+    sending = comm.Isend(send, dest=dest, tag=tag)
+    wait_peer(receiving, comm, [source], operation)
+    wait_peer(sending, comm, [dest], operation)
+
+
 def probe_peer(comm: MPI.Comm, source: int, tag: int, peers: list[int],
                operation: str) -> MPI.Status:
     """Wait (polling ``Iprobe``) until a message can be received; return its status.
@@ -272,7 +425,7 @@ def check_same(comm: MPI.Comm, operation: str, buffer: Any = None) -> None:
         return
     mine = (operation, None if buffer is None else tuple(buffer.shape),
             None if buffer is None else str(buffer.dtype))
-    calls = comm.allgather(mine)
+    calls = allgather_object(comm, mine, f"check {operation}")
     differ = [r for r, call in enumerate(calls) if call != calls[0]]
     if differ:
         def show(r: int) -> str:

@@ -128,4 +128,4 @@ def world_max(buffer: np.ndarray, topology: Topology, what: str = "world max") -
 
 def broadcast_object(obj: Any, topology: Topology, root: int = 0) -> Any:
     """A small JSON-like object of world rank ``root`` on every rank (pickled: never arrays)."""
-    return topology.world.bcast(obj, root=root)
+    return guard.bcast_object(topology.world, obj, root, "broadcast object")

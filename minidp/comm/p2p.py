@@ -312,18 +312,12 @@ class PeerRequest:
         except guard.CommTimeout as timeout:
             if self.pending is not None:
                 raise  # a send stays posted; wait() may be called again
-            if self._cancelled():
+            if guard.withdraw(self.request, self.status):
                 self.failed = timeout
                 raise
             # The message slipped in between the timeout and the cancel: it is received.
         self.done = True
         self._finish()
-
-    def _cancelled(self) -> bool:
-        """Cancel a pending receive; False when the message completed it first."""
-        self.request.Cancel()
-        self.request.Wait(self.status)
-        return self.status.Is_cancelled()
 
     def _finish(self) -> None:
         if self.pending is not None:

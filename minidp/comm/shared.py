@@ -38,8 +38,9 @@ class SharedArray:
         self.segment_size = int(segment_size)
         itemsize = self.dtype.itemsize
         # Allocate at least one element so every rank has a valid base address.
-        self.window = MPI.Win.Allocate_shared(max(self.segment_size, 1) * itemsize, itemsize,
-                                              comm=node)
+        self.window = guard.collective(node, "allocate shared window", MPI.Win.Allocate_shared,
+                                       max(self.segment_size, 1) * itemsize, itemsize,
+                                       comm=node)
         base, _ = self.window.Shared_query(0)
         rows, stride = node.Get_size(), max(self.segment_size, 1)
         # Shared_query gives rank 0's segment only; the segments are contiguous, so the
@@ -78,5 +79,5 @@ class SharedArray:
         if self._freed:
             return
         self.window.Unlock_all()
-        self.window.Free()
+        guard.collective(self.node, "free shared window", self.window.Free)
         self._freed = True

@@ -32,6 +32,7 @@ from mpi4py import MPI
 from minidp.comm import guard
 
 ROLES = ("worker", "server")
+_SET_UP = "topology set-up"  # what a timeout says a rank was waiting in
 
 
 def mpi_library() -> str:
@@ -63,48 +64,57 @@ class Topology:
         self.server_ranks = list(range(servers))
         self.worker_ranks = list(range(servers, self.size))
         self.role = "server" if self.rank < servers else "worker"
+        # First, so that every step of the set-up below can name a rank that never comes.
+        guard.ensure_board(self.world)
         world_node = self._world_node(ranks_per_node)
-        leaders = self.world.allgather(self.rank if world_node.Get_rank() == 0 else None)
-        first = world_node.bcast(self.rank if world_node.Get_rank() == 0 else None)
+        leaders = guard.allgather_object(
+            self.world, self.rank if world_node.Get_rank() == 0 else None, _SET_UP)
+        first = guard.bcast_object(
+            world_node, self.rank if world_node.Get_rank() == 0 else None, 0, _SET_UP)
         node_index = {r: i for i, r in enumerate(x for x in leaders if x is not None)}
-        self.nodes_of_ranks = self.world.allgather(node_index[first])
-        world_node.Free()
+        self.nodes_of_ranks = guard.allgather_object(self.world, node_index[first], _SET_UP)
+        guard.collective(world_node, _SET_UP, world_node.Free)
         self._build_worker_levels()
         # Names appear in timeout and debug messages.
         if self.node is not None:
             self.node.Set_name(f"node {self.node_id}")
             self.cross.Set_name(f"rail {self.local_rank}")
-        guard.ensure_board(self.world)
 
     def _world_node(self, ranks_per_node: int | None) -> MPI.Comm:
         if ranks_per_node is None:
-            return self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            return guard.collective(self.world, _SET_UP, self.world.Split_type,
+                                    MPI.COMM_TYPE_SHARED, key=self.rank)
         if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or \
                 ranks_per_node < 1 or self.size % ranks_per_node:
             raise ValueError(f"rank {self.rank}: ranks_per_node {ranks_per_node!r} must be "
                              f"a positive divisor of the world size {self.size}")
-        return self.world.Split(self.rank // ranks_per_node, key=self.rank)
+        return self._split(self.rank // ranks_per_node)
+
+    def _split(self, color: int) -> MPI.Comm:
+        """``world.Split`` by ``color`` (``MPI.UNDEFINED``: none), ordered by world rank."""
+        return guard.collective(self.world, _SET_UP, self.world.Split, color, key=self.rank)
 
     def _build_worker_levels(self) -> None:
         """workers, node, cross and leaders over the worker ranks (None on servers)."""
         worker = self.role == "worker"
         if self.num_servers:
-            split = self.world.Split(0 if worker else MPI.UNDEFINED, key=self.rank)
+            split = self._split(0 if worker else MPI.UNDEFINED)
             self.workers = split if worker else None
         else:
             self.workers = self.world
         color = self.nodes_of_ranks[self.rank] if worker else MPI.UNDEFINED
-        node = self.world.Split(color, key=self.rank)
+        node = self._split(color)
         self.node = node if worker else None
         self.local_rank = node.Get_rank() if worker else 0
         self.local_size = node.Get_size() if worker else 0
-        sizes = self.world.allgather(self.local_size if worker else None)
+        sizes = guard.allgather_object(self.world, self.local_size if worker else None,
+                                       _SET_UP)
         worker_sizes = sorted({s for s in sizes if s is not None})
         if not self.num_servers and len(worker_sizes) > 1:
             raise ValueError(f"rank {self.rank}: uneven nodes (ranks per node {worker_sizes}"
                              "); run the same number of ranks on every node or pass "
                              "ranks_per_node")
-        cross = self.world.Split(self.local_rank if worker else MPI.UNDEFINED, key=self.rank)
+        cross = self._split(self.local_rank if worker else MPI.UNDEFINED)
         self.cross = cross if worker else None
         self.leaders = self.cross if worker and self.local_rank == 0 else None
         node_ids = sorted({self.nodes_of_ranks[r] for r in self.worker_ranks})
@@ -138,8 +148,9 @@ class Topology:
 
     def free(self) -> None:
         """Free the communicators this topology created."""
+        # Each is freed collectively by the ranks that hold it (None on servers).
         for comm in (self.cross, self.node):
             if comm is not None:
-                comm.Free()
+                guard.collective(comm, "free topology", comm.Free)
         if self.num_servers and self.workers is not None:
-            self.workers.Free()
+            guard.collective(self.workers, "free topology", self.workers.Free)

@@ -10,19 +10,22 @@ Data order is a function of (seed, epoch) only.
   rank order, exactly the batches of 1 rank with batch N*b.
 * ``mpiio``: the records are split into R contiguous blocks, sizes differing by at most
   one; in epoch e rank r reads block (r + e) mod R, so over R epochs every rank reads
-  every block once. A block is read with collective ``File.Read_at_all`` calls of at
-  most ``max_bytes`` each (one call when the block fits), shuffled inside each piece,
+  every block once. A block is read with collective reads (``File.Iread_at_all``, the
+  non-blocking ``Read_at_all``, completed by a timed wait that names a missing rank) of
+  at most ``max_bytes`` each (one read when the block fits), shuffled inside each piece,
   pieces in a shuffled order. Every rank uses floor(N/R) samples per epoch (the
   remainder record of larger blocks is dropped), so batch counts are equal.
 * ``leader``: "the node reads once": local rank 0 of each node reads the node's
-  contiguous block (rotating over nodes every epoch) with one collective
-  ``Read_at_all`` among the leaders, into an ``MPI.Win.Allocate_shared`` window; every
+  contiguous block (rotating over nodes every epoch) with one collective read
+  (``Iread_at_all``) among the leaders, into an ``MPI.Win.Allocate_shared`` window; every
   rank of the node then copies its own disjoint slice of the shuffled block.
 * ``strided``: the naive baseline: this rank's samples of the ``memory`` order, read one
   record at a time with ``File.Read_at`` at scattered offsets. Kept to be measured against.
 
 Every rank validates the header; errors (bad file, too few samples, a bad batch size)
-are raised identically on every rank, so nothing hangs.
+are raised identically on every rank, so nothing hangs. Every collective step (open,
+read, close, fence) goes through :mod:`minidp.comm.guard`, so a rank that never comes
+is named after the timeout.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp import backend
+from minidp.comm import guard
 from minidp.comm.topology import Topology
 from minidp.io.mdp import HEADER_SIZE, Header, add_checksums, checksum, decode, read_header
 
@@ -143,7 +147,7 @@ class Reader(abc.ABC):
         with open(self.path, "rb") as f:
             f.seek(HEADER_SIZE + start * rs)
             mine = checksum(np.frombuffer(f.read((stop - start) * rs), np.uint8), start * rs)
-        parts = self.comm.allgather(mine)
+        parts = guard.allgather_object(self.comm, mine, "dataset checksum")
         total = (0, 0)
         for part in parts:
             total = add_checksums(total, part)
@@ -193,18 +197,21 @@ class MPIIOReader(Reader):
         largest = -(-self.count // self.size)
         calls = -(-largest // per_piece)
         pieces = []
-        fh = MPI.File.Open(self.comm, self.path, MPI.MODE_RDONLY)
-        try:
-            for c in range(calls):
-                a = min(start + c * per_piece, stop)
-                b = min(a + per_piece, stop)
-                buf = np.empty((b - a) * rs, dtype=np.uint8)
-                fh.Read_at_all(HEADER_SIZE + a * rs, buf)
-                self.read_calls += 1
-                if b > a:
-                    pieces.append(buf)
-        finally:
-            fh.Close()
+        # Open, the reads and Close are collective: each is timed, naming a rank that
+        # never comes. No try/finally: after a failed read the other ranks are not in a
+        # Close, and the job ends.
+        fh = guard.collective(self.comm, "open dataset file", MPI.File.Open, self.comm,
+                              self.path, MPI.MODE_RDONLY)
+        for c in range(calls):
+            a = min(start + c * per_piece, stop)
+            b = min(a + per_piece, stop)
+            buf = np.empty((b - a) * rs, dtype=np.uint8)
+            guard.wait(fh.Iread_at_all(HEADER_SIZE + a * rs, buf), self.comm,
+                       "read dataset block")
+            self.read_calls += 1
+            if b > a:
+                pieces.append(buf)
+        guard.collective(self.comm, "close dataset file", fh.Close)
         return pieces
 
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
@@ -236,8 +243,10 @@ class LeaderReader(Reader):
         self.owns_topology = topology is None
         self.topology = Topology(self.comm, ranks_per_node) if topology is None else topology
         largest = -(-self.count // self.topology.num_nodes) * self.header.record_size
-        self.window = MPI.Win.Allocate_shared(largest if self.topology.is_leader else 0, 1,
-                                              comm=self.topology.node)
+        self.window = guard.collective(self.topology.node, "allocate dataset window",
+                                       MPI.Win.Allocate_shared,
+                                       largest if self.topology.is_leader else 0, 1,
+                                       comm=self.topology.node)
         buf, _ = self.window.Shared_query(0)
         self.shared = np.ndarray(buffer=buf, dtype=np.uint8, shape=(largest,))
 
@@ -251,14 +260,15 @@ class LeaderReader(Reader):
         start, stop = block_range(self.block_of(epoch), self.topology.num_nodes,
                                   self.count)
         nbytes = (stop - start) * rs
-        self.window.Fence()
-        if self.topology.is_leader:
-            fh = MPI.File.Open(self.topology.leaders, self.path, MPI.MODE_RDONLY)
-            try:
-                fh.Read_at_all(HEADER_SIZE + start * rs, self.shared[:nbytes])
-            finally:
-                fh.Close()
-        self.window.Fence()
+        node, leaders = self.topology.node, self.topology.leaders
+        guard.collective(node, "dataset window fence", self.window.Fence)
+        if self.topology.is_leader:  # as in MPIIOReader.read_block: every step timed
+            fh = guard.collective(leaders, "open dataset file", MPI.File.Open, leaders,
+                                  self.path, MPI.MODE_RDONLY)
+            guard.wait(fh.Iread_at_all(HEADER_SIZE + start * rs, self.shared[:nbytes]),
+                       leaders, "read dataset block")
+            guard.collective(leaders, "close dataset file", fh.Close)
+        guard.collective(node, "dataset window fence", self.window.Fence)
         order = epoch_rng(self.seed, epoch, self.topology.node_id).permutation(stop - start)
         n, k = self.samples_per_rank, self.topology.local_rank
         records = self.shared[:nbytes].view(self.header.record_dtype)
@@ -266,7 +276,7 @@ class LeaderReader(Reader):
 
     def free(self) -> None:
         """Release the shared window and communicators (collective on the node)."""
-        self.window.Free()
+        guard.collective(self.topology.node, "free dataset window", self.window.Free)
         if self.owns_topology:
             self.topology.free()
 

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from minidp.comm import Topology
+from minidp.comm import Topology, guard
 from minidp.io.mdp import Header, decode, read_header
 from minidp.io.prepare import dataset_paths, prepare_dataset
 from minidp.io.readers import LeaderReader, MPIIOReader, Reader, open_reader
@@ -38,7 +38,7 @@ def prepare_on_rank0(dataset: str, data_dir: str, topology: Topology) -> tuple[s
             prepare_dataset(dataset, data_dir)
         except (OSError, ValueError) as exc:
             error = str(exc)
-    message = topology.world.bcast(error)
+    message = guard.bcast_object(topology.world, error, 0, "prepare dataset")
     if message:
         raise FileNotFoundError(f"rank {topology.rank}: dataset {dataset!r}: no .mdp files "
                                 f"in '{data_dir}' and rank 0 could not prepare them: {message}")
@@ -60,7 +60,7 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
         headers = [read_header(p) for p in paths]
     except (OSError, ValueError) as exc:
         problem = str(exc)
-    problems = topology.world.allgather(problem)
+    problems = guard.allgather_object(topology.world, problem, "check dataset files")
     bad = [r for r, p in enumerate(problems) if p]
     if bad:
         raise FileNotFoundError(f"rank {topology.rank}: dataset files unusable on rank(s) "

@@ -7,6 +7,12 @@ every kernel for float32 and float64 inside it: the first rank of a node compile
 and writes the cache, the others wait on the lock and then only load. A file lock
 needs no MPI, so kernels stay below the communication layer.
 
+The cache and its lock live in a per-user directory: ``NUMBA_CACHE_DIR`` when set,
+else ``$XDG_CACHE_HOME/minidp/numba`` (``~/.cache/minidp/numba``), so users of one
+node never share (or block on) each other's files. The lock is waited for at most
+:data:`LOCK_TIMEOUT_S`; its holder writes its process id, host and start time into
+the lock file, and a timeout names them.
+
 Kernels run only on NumPy arrays and only when the JIT is on: with
 ``NUMBA_DISABLE_JIT=1`` (or on CuPy arrays) the plain NumPy references are used,
 which keeps that mode fast enough to run the whole test suite.
@@ -17,14 +23,30 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
+import socket
+import time
 from collections.abc import Callable, Iterator
 
 import numba
 import numpy as np
 
+LOCK_TIMEOUT_S = 600.0  # compiling every kernel takes about a minute on a slow node
+
 _warmups: list[Callable[[type], None]] = []
 _state = {"ready": False, "references_only": False}
+
+
+def cache_dir() -> str:
+    """Where compiled kernels and the lock live (per user; see the module docstring)."""
+    if numba.config.CACHE_DIR:
+        return numba.config.CACHE_DIR
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "minidp", "numba")
+
+
+# Numba reads its cache location when a kernel module decorates its functions, which
+# happens after this module is imported: point it at the per-user directory now.
+numba.config.CACHE_DIR = cache_dir()
 
 
 def jit_enabled() -> bool:
@@ -55,29 +77,48 @@ def register_warmup(fn: Callable[[type], None]) -> Callable[[type], None]:
     return fn
 
 
-def _lock_path() -> str:
-    cache_dir = numba.config.CACHE_DIR or os.path.join(os.path.dirname(__file__), "__pycache__")
+@contextlib.contextmanager
+def node_lock(path: str, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the exclusive file lock ``path``; past ``timeout`` s, raise naming its holder."""
+    directory = os.path.dirname(path)
     try:
-        os.makedirs(cache_dir, exist_ok=True)
-        probe = os.path.join(cache_dir, ".minidp-write-test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError:
-        cache_dir = tempfile.gettempdir()
-    return os.path.join(cache_dir, "minidp-jit.lock")
+        os.makedirs(directory, exist_ok=True)
+        lock = open(path, "a+")  # noqa: SIM115 (held across the yield)
+    except OSError as exc:
+        raise OSError(f"JIT cache: cannot open the lock '{path}' ({exc.strerror}); set "
+                      "NUMBA_CACHE_DIR to a directory of your own") from None
+    with lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    lock.seek(0)
+                    holder = lock.read().strip() or "a process that wrote nothing"
+                    raise TimeoutError(f"JIT cache: the lock '{path}' is still held after "
+                                       f"{timeout:g} s, by {holder}; if that process is "
+                                       "gone, delete the file") from None
+                time.sleep(0.05)
+        try:
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+            lock.flush()
+            yield
+        finally:
+            lock.truncate(0)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def ensure_compiled() -> None:
     """Compile or load every registered kernel, one process per node at a time."""
     if _state["ready"] or not jit_enabled():
         return
-    with open(_lock_path(), "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            for warm in _warmups:
-                for dtype in (np.float32, np.float64):
-                    warm(dtype)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with node_lock(os.path.join(cache_dir(), "minidp-jit.lock")):
+        for warm in _warmups:
+            for dtype in (np.float32, np.float64):
+                warm(dtype)
     _state["ready"] = True

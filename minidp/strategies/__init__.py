@@ -14,6 +14,15 @@ from minidp.strategies.base import Option, Strategy
 from minidp.strategies.daso import DASO
 from minidp.strategies.daso_schedule import DASOSchedule
 from minidp.strategies.dbs import DynamicBatchSGD
+from minidp.strategies.easgd import (
+    ElasticAsync,
+    ElasticAveraging,
+    ElasticHogwild,
+    ElasticRoundRobin,
+    ElasticServer,
+    MomentumElasticAsync,
+)
+from minidp.strategies.easgd_sync import ElasticSync
 from minidp.strategies.hbsgd import HierarchicalBulkSGD
 from minidp.strategies.hogwild import HogwildSGD
 from minidp.strategies.hsgd import HierarchicalSGD
@@ -23,7 +32,9 @@ from minidp.strategies.sync import SyncSGD
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (SyncSGD, HierarchicalSGD, HierarchicalBulkSGD, DASO, AsyncSGD,
-                              AsyncMomentumSGD, HogwildSGD, SoftSyncSGD, DynamicBatchSGD)}
+                              AsyncMomentumSGD, HogwildSGD, SoftSyncSGD, DynamicBatchSGD,
+                              ElasticRoundRobin, ElasticAsync, MomentumElasticAsync,
+                              ElasticHogwild, ElasticSync)}
 
 
 def names() -> list[str]:
@@ -44,6 +55,7 @@ def get(name: str, *args: Any, **kwargs: Any) -> Strategy:
 
 
 __all__ = ["DASO", "STRATEGIES", "AsyncMomentumSGD", "AsyncSGD", "DASOSchedule",
-           "DynamicBatchSGD", "HierarchicalBulkSGD", "HierarchicalSGD", "HogwildSGD", "Option",
-           "ParameterServer", "SoftSyncSGD", "Strategy", "SyncSGD", "get", "names",
-           "strategy_class"]
+           "DynamicBatchSGD", "ElasticAsync", "ElasticAveraging", "ElasticHogwild",
+           "ElasticRoundRobin", "ElasticServer", "ElasticSync", "HierarchicalBulkSGD",
+           "HierarchicalSGD", "HogwildSGD", "MomentumElasticAsync", "Option", "ParameterServer",
+           "SoftSyncSGD", "Strategy", "SyncSGD", "get", "names", "strategy_class"]

@@ -27,7 +27,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from minidp.comm import ALLREDUCE_ALGORITHMS, Topology, allreduce, broadcast, shared_buffer
+from minidp.comm import (
+    ALLREDUCE_ALGORITHMS,
+    Topology,
+    allreduce,
+    broadcast,
+    guard,
+    shared_buffer,
+)
 from minidp.layers import Module
 from minidp.optim.optimizer import Optimizer
 from minidp.optim.schedules import Schedule
@@ -86,6 +93,10 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
     options: ClassVar[dict[str, Option]] = {}
+    # Whether a run may stop between any two batches (a signal, minidp.stopping): only
+    # where all ranks step together and the state after each step is whole; others stop
+    # at the next epoch's end.
+    stops_between_batches: ClassVar[bool] = False
 
     def __init__(self, model: Module, optimizer: Optimizer, topology: Topology,
                  allreduce: str = "hierarchical", **options: Any) -> None:
@@ -129,7 +140,8 @@ class Strategy(abc.ABC):
 
     def broadcast_parameters(self) -> None:
         """Start every rank from rank 0's parameters and buffers (not from a shared seed)."""
-        sizes = self.topology.world.allgather(self.flat.size)
+        sizes = guard.allgather_object(self.topology.world, self.flat.size,
+                                       "broadcast parameters")
         if len(set(sizes)) > 1:
             raise ValueError(f"rank {self.topology.rank} has {self.flat.size} parameters, rank "
                              f"0 has {sizes[0]}: every rank must build the same model")

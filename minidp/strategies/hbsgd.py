@@ -36,6 +36,7 @@ class HierarchicalBulkSGD(Strategy):
     """
 
     name = "hbsgd"
+    stops_between_batches = True
     options = {
         "k": Option(4, int, "an int >= 1", lambda v: v >= 1,
                     "steps between model averages across nodes"),

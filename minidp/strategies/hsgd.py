@@ -40,6 +40,7 @@ class HierarchicalSGD(Strategy):
     """
 
     name = "hsgd"
+    stops_between_batches = True
     options = {
         "average": Option("gradients", str, "'gradients' or 'parameters'",
                           lambda v: v in ("gradients", "parameters"),

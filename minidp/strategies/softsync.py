@@ -28,6 +28,10 @@ class SoftSyncSGD(ParameterServer):
     c = lambda: with one gradient from every learner per update (``order=round_robin``)
     every staleness is 0 and the run is synchronous SGD on a batch of lambda x b.
 
+    The server keeps ``--momentum`` (and ``--nesterov``) on these averaged updates, as
+    ``amsgd`` does: at n = 1 an update is a synchronous step on lambda x b samples, and
+    minidp's synchronous SGD uses momentum (``--momentum 0`` gives the paper's plain form).
+
     Communication: as :class:`ParameterServer`; workers never wait for each other, only
     for their own pulls. At an epoch's end the server applies what its buffer still
     holds as one update averaged over those gradients (flushed, so no gradient is
@@ -38,6 +42,7 @@ class SoftSyncSGD(ParameterServer):
     options: ClassVar[dict[str, Option]] = dict(ParameterServer.options, n=Option(
         1, int, "an int >= 1 (1: softest barrier, c = workers; workers: ASGD)",
         lambda v: v >= 1))
+    server_momentum = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -26,6 +26,7 @@ class SyncSGD(Strategy):
     """
 
     name = "sync"
+    stops_between_batches = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -1,12 +1,32 @@
-"""SPMD: debug-mode collective checks and timed barriers."""
+"""SPMD: debug-mode collective checks, timed barriers, and a stopped rank named everywhere.
+
+The stopped-rank tests keep one rank away (asleep) while the others enter a set-up, the
+initial parameter broadcast, an MPI-IO read or a ring allreduce with a short timeout:
+each of them must raise CommTimeout naming the absent rank before it comes back. Each
+runs on a communicator of its own, abandoned afterwards with the timed-out requests
+still posted on it, so nothing left over can meet a later test's messages.
+"""
+
+import os
+import re
+import shutil
+import tempfile
+import time
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
+from minidp import layers, strategies
 from minidp.comm import Topology, allreduce, guard
+from minidp.io import mdp
+from minidp.io.readers import MPIIOReader
+from minidp.optim import SGD
 
 world = MPI.COMM_WORLD
+TIMEOUT = 1.0  # the present ranks' timeout in the stopped-rank tests
+AWAY = 4.0  # how long the stopped rank sleeps: past every present rank's timeout
+needs_peer = pytest.mark.skipif(world.size < 2, reason="a stopped rank needs another rank")
 
 
 @pytest.fixture
@@ -45,3 +65,149 @@ def test_timed_barrier_completes_and_checks_its_timeout():
     guard.barrier(world, "test barrier")
     with pytest.raises(ValueError, match="comm timeout: got 0, allowed: seconds > 0"):
         guard.set_timeout(0)
+
+
+def own_comm(name):
+    """A communicator for one stopped-rank test (every rank creates it, all present)."""
+    comm = world.Dup()
+    comm.Set_name(name)
+    return comm
+
+
+def stop_one_rank(absent, enter, away=lambda: time.sleep(AWAY)):
+    """Every rank but ``absent`` calls ``enter()``; ``absent`` calls ``away()`` instead.
+
+    ``away`` takes AWAY seconds (by default it only sleeps). Returns this rank's
+    CommTimeout message (None on the absent rank). Every rank meets again before
+    anything is asserted.
+    """
+    message = seconds = None
+    if world.rank == absent:
+        away()
+    else:
+        guard.set_timeout(TIMEOUT)
+        start = time.monotonic()
+        try:
+            enter()
+            message = "no CommTimeout"
+        except guard.CommTimeout as timeout:
+            message = str(timeout)
+        finally:
+            seconds = time.monotonic() - start
+            guard.set_timeout(float(os.environ.get("MINIDP_COMM_TIMEOUT", "300")))
+    guard.barrier(world, "after a stopped rank")
+    if message is not None:
+        # Raised by the timeout, not released by the absent rank's return.
+        assert seconds < AWAY, (seconds, message)
+    return message
+
+
+@pytest.fixture(scope="module")
+def board():
+    """The status board exists (the first Topology builds it), as in a run."""
+    return Topology()
+
+
+@needs_peer
+@pytest.mark.parametrize("absent", [0, -1], ids=["rank 0", "last rank"])
+def test_the_roll_call_names_a_rank_that_never_comes(absent):
+    absent %= world.size
+    comm = own_comm("roll call test")
+    message = stop_one_rank(absent, lambda: guard.roll_call(comm, "start"))
+    if message is not None:
+        assert message.startswith(f"rank {world.rank}: 'start (roll call) on roll call test' "
+                                  f"waited {TIMEOUT:g} s (MINIDP_COMM_TIMEOUT)")
+        if absent == 0:
+            assert message.endswith("more for rank 0; rank 0: never answered (it never "
+                                    "arrived, or still waits for a rank that did not)")
+        else:
+            assert message.endswith(f"; rank {absent}: never arrived")
+
+
+@needs_peer
+def test_a_rank_stopped_before_topology_set_up_is_named(board):
+    absent = world.size - 1
+    comm = own_comm("set-up test")
+    message = stop_one_rank(absent, lambda: Topology(comm))
+    if message is not None:
+        assert message.startswith(f"rank {world.rank}: 'topology set-up on set-up test' "
+                                  f"waited {TIMEOUT:g} s")
+        assert f"rank {absent}: never arrived" in message
+
+
+@needs_peer
+def test_a_rank_stopped_before_the_initial_broadcast_is_named(board):
+    absent = world.size - 1
+    topology = Topology(own_comm("broadcast test"))
+    model = layers.mlp(6, (5,), 3)
+    optimizer = SGD(model.parameters(), lr=0.1)
+    message = stop_one_rank(absent, lambda: strategies.get("sync", model, optimizer, topology))
+    if message is not None:
+        assert message.startswith(f"rank {world.rank}: 'broadcast parameters on broadcast "
+                                  "test' waited")
+        assert f"rank {absent}: never arrived" in message
+
+
+@pytest.fixture(scope="module")
+def small_file():
+    """A 40-record .mdp file every rank can read (written by rank 0)."""
+    folder = tempfile.mkdtemp(prefix="minidp-guard-") if world.rank == 0 else None
+    folder = guard.bcast_object(world, folder, 0, "test folder")
+    path = os.path.join(folder, "small.mdp")
+    if world.rank == 0:
+        idx = np.arange(40, dtype=np.int32)
+        mdp.write_mdp(path, np.stack([idx, -idx], axis=1), (idx % 5).astype(np.int64), 5)
+    guard.barrier(world, "test file written")
+    yield path
+    guard.barrier(world, "test file read")
+    if world.rank == 0:
+        shutil.rmtree(folder)
+
+
+class StayedAway(Exception):
+    """The stopped rank's way out of the read it never took part in."""
+
+
+@needs_peer
+def test_a_rank_stopped_in_an_mpiio_read_is_named(board, small_file, monkeypatch):
+    absent = world.size - 1
+    reader = MPIIOReader(small_file, own_comm("io test"))
+
+    def away_from_the_read(request, comm, operation, wait=guard.wait):
+        if operation != "read dataset block":
+            return wait(request, comm, operation)
+        time.sleep(AWAY)
+        raise StayedAway
+
+    def away():
+        # It opens the file with the others, then stays away from the collective read.
+        monkeypatch.setattr(guard, "wait", away_from_the_read)
+        try:
+            reader.read_block(0)
+        except StayedAway:
+            pass
+        monkeypatch.undo()
+
+    message = stop_one_rank(absent, lambda: reader.read_block(0), away)
+    if message is not None:
+        # A rank whose part of the read completed waits in the close instead.
+        assert re.match(rf"rank {world.rank}: '(read dataset block|close dataset file) on io "
+                        rf"test' waited {TIMEOUT:g} s", message), message
+        assert f"rank {absent}: never arrived (last in 'open dataset file on io test'" \
+            in message
+
+
+@needs_peer
+def test_a_rank_stopped_in_a_ring_allreduce_is_named(board):
+    absent = world.size - 1
+    topology = Topology(own_comm("ring test"))
+    buffer = np.ones(64)
+    message = stop_one_rank(absent, lambda: allreduce(buffer, topology, "ring"))
+    if message is not None:
+        left, right = (world.rank - 1) % world.size, (world.rank + 1) % world.size
+        assert message.startswith(f"rank {world.rank}: 'ring allreduce from rank {left} to "
+                                  f"rank {right}' waited {TIMEOUT:g} s")
+        # The rank that receives from the stopped one names it; the others wait for a
+        # neighbour (shown waiting in the ring, or already gone on after its own timeout).
+        if left == absent:
+            assert re.search(rf"; rank {absent}: last in '[^']+' #\d+, [\d.]+ s ago", message)

@@ -89,13 +89,15 @@ def test_one_worker_is_sequential_sgd_step_for_step(name, optimizer):
     world.Barrier()
 
 
-@pytest.mark.parametrize("schedule", [None, StepLR(0.1, 2)])
-def test_softsync_n1_in_turn_is_synchronous_sgd(schedule):
+@pytest.mark.parametrize("schedule,optimizer", [(None, {}), (StepLR(0.1, 2), {}),
+                                                (None, {"momentum": 0.9})])
+def test_softsync_n1_in_turn_is_synchronous_sgd(schedule, optimizer):
     if world.size < 2:
         return
     topo = topology(world.size, 1)
-    got, stats, _ = drive("softsync", topo, n=1, order="round_robin", schedule=schedule)
-    expected = sequential(2, 3, topo.worker_ranks, schedule=schedule)
+    got, stats, _ = drive("softsync", topo, n=1, order="round_robin", schedule=schedule,
+                          optimizer=optimizer)
+    expected = sequential(2, 3, topo.worker_ranks, optimizer, schedule=schedule)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
     for s in stats:
         assert s["updates"] == 3 and s["gradients"] == 3 * topo.num_workers

@@ -1,5 +1,6 @@
 """Thread and allocator settings that minidp makes for itself."""
 
+import json
 import os
 import subprocess
 import sys
@@ -27,11 +28,57 @@ def test_one_thread_per_rank_when_ranks_fill_the_cores():
     assert run(code, MINIDP_NUM_THREADS="1", MPI_LOCALNRANKS="1") == "1"
 
 
-def test_bad_thread_override_is_a_clear_error():
-    proc = subprocess.run([sys.executable, "-c", "import minidp"], capture_output=True, text=True,
+def test_an_explicit_thread_setting_is_honoured_and_reported():
+    code = ("import minidp, json, threadpoolctl; from minidp import threads; "
+            "print(json.dumps([threads.choice(), "
+            "max(p['num_threads'] for p in threadpoolctl.threadpool_info())]))")
+    cores = len(os.sched_getaffinity(0))
+    # the user's OMP_NUM_THREADS wins over the cores / local ranks rule
+    assert json.loads(run(code, OMP_NUM_THREADS="1", MPI_LOCALNRANKS="1")) == \
+        [[1, "OMP_NUM_THREADS=1"], 1]
+    assert json.loads(run(code, SLURM_CPUS_PER_TASK="1", MPI_LOCALNRANKS="1")) == \
+        [[1, "SLURM_CPUS_PER_TASK=1"], 1]
+    assert json.loads(run(code, MINIDP_NUM_THREADS="1", OMP_NUM_THREADS="2")) == \
+        [[1, "MINIDP_NUM_THREADS=1"], 1]
+    assert json.loads(run(code, MPI_LOCALNRANKS="1")) == \
+        [[cores, f"{cores} core(s) / 1 rank(s) on this node"], cores]
+    info = json.loads(run("import minidp.__main__ as m; m.main(['info'])", OMP_NUM_THREADS="1"))
+    assert info["threads"]["threads_per_rank"] == 1
+    assert info["threads"]["chosen_by"] == "OMP_NUM_THREADS=1"
+
+
+def test_a_bad_thread_variable_never_breaks_import_and_is_a_user_error_in_train():
+    assert run("import minidp; print(minidp.threads.threads_per_rank())",
+               MINIDP_NUM_THREADS="many", MPI_LOCALNRANKS="1") == \
+        str(len(os.sched_getaffinity(0)))
+    proc = subprocess.run([sys.executable, "-m", "minidp", "train", "--epochs", "1"],
+                          capture_output=True, text=True,
                           env=dict(os.environ, MINIDP_NUM_THREADS="many"))
-    assert proc.returncode != 0
-    assert "MINIDP_NUM_THREADS: got 'many', allowed: a positive integer" in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: MINIDP_NUM_THREADS: got 'many', allowed: a "
+                                   "positive integer (threads per rank)")
+
+
+def test_the_jit_lock_is_per_user_and_a_stuck_holder_is_named(tmp_path):
+    from minidp.kernels import jit
+
+    assert run("from minidp.kernels import jit; print(jit.cache_dir())",
+               NUMBA_CACHE_DIR=str(tmp_path / "mine")) == str(tmp_path / "mine")
+    assert run("from minidp.kernels import jit; print(jit.cache_dir())",
+               XDG_CACHE_HOME=str(tmp_path / "xdg")) == str(tmp_path / "xdg/minidp/numba")
+    path = str(tmp_path / "locks" / "jit.lock")
+    with jit.node_lock(path):
+        assert open(path).read().startswith(f"pid {os.getpid()} on ")
+        # a second holder in another process waits, then names the first
+        code = ("from minidp.kernels import jit\n"
+                f"with jit.node_lock({path!r}, timeout=0.5): pass")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert proc.returncode == 1
+        assert (f"TimeoutError: JIT cache: the lock '{path}' is still held after 0.5 s, by pid "
+                f"{os.getpid()} on ") in proc.stderr
+    assert open(path).read() == ""  # released: no stale holder named
+    with jit.node_lock(path, timeout=0.5):
+        pass
 
 
 def test_malloc_tuning_applies_unless_turned_off():

@@ -1,0 +1,386 @@
+"""Elastic averaging SGD: the original EASGD and the SC17 redesigns, on one small base.
+
+Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD", NIPS 2015, and
+You, Buluc, Demmel, "Scaling deep learning on GPU and Knights Landing clusters", SC17.
+Every worker i trains its own parameters x^i; a centre variable x~ holds the consensus.
+Every ``tau`` steps a worker and the centre pull towards each other by the same amount::
+
+    d   = alpha * (x^i - x~)          both from the values before this step's update
+    x^i <- x^i - lr * g(x^i) - d      the worker: its gradient step and the elastic pull
+    x~  <- x~ + d                     the centre: the equal and opposite pull
+
+so ``x~ + sum_i x^i`` changes only by the gradient steps. The variants differ in who
+holds the centre and in what order the pulls happen: ``easgd-rr`` (a server, workers in
+rank order), ``easgd-async`` (a server, first come first served, the exchange overlapped
+with the gradient), ``measgd-async`` (the same with Nesterov momentum on the workers),
+``easgd-hogwild`` (the centre in a node's shared memory, updated without a lock) and
+``easgd-sync`` (:mod:`minidp.strategies.easgd_sync`). See docs/easgd.md.
+
+Epochs are counted in steps: every worker takes the epoch's ``batches`` steps over its own
+shard (the paper's workers each run over their data), so all ranks meet at an epoch's end
+(statistics, evaluation of the centre, checkpoints) after the slowest worker's last step.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+
+from minidp.comm import SharedArray, broadcast, guard, p2p, rail_allreduce
+from minidp.kernels import sgd_update
+from minidp.optim import SGD
+from minidp.strategies.base import Option, Strategy
+from minidp.trace import tracer
+
+TAG_PARAMS, TAG_CENTRE, TAG_DONE = 211, 212, 213
+DEFAULT_BETA = 0.9  # the EASGD paper's centre rate, split over the workers by default
+ORDERS = ("fcfs", "round_robin")
+
+
+class ElasticAveraging(Strategy):
+    """What every elastic variant shares: options, the worker's update, the centre's state.
+
+    Options: ``alpha`` (the moving rate; -1, the default, means 0.9 / workers: the EASGD
+    paper's beta = 0.9 shared by the p workers) and ``tau`` (steps between exchanges; an
+    exchange happens at the worker's steps 0, tau, 2 tau, ... counted over the run).
+    The workers apply plain SGD with ``--lr`` and ``--weight-decay``; ``--momentum`` is
+    not used (the papers' EASGD; ``measgd-async`` has its own ``delta``).
+    """
+
+    options: ClassVar[dict[str, Option]] = {
+        "alpha": Option(-1.0, float, "a moving rate in [0, 1], or -1: 0.9 / workers",
+                        lambda v: v == -1 or 0 <= v <= 1),
+        "tau": Option(1, int, "an int >= 1 (steps between elastic exchanges)",
+                      lambda v: v >= 1),
+    }
+    momentum_option: ClassVar[str | None] = None  # measgd-async: "delta"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        t = self.topology
+        if not isinstance(self.optimizer, SGD):
+            raise ValueError(f"rank {t.rank}: --optimizer: got {type(self.optimizer).__name__}"
+                             f", allowed with {self.name}: sgd (the workers apply SGD)")
+        alpha = self.config["alpha"]
+        self.alpha = DEFAULT_BETA / t.num_workers if alpha == -1 else alpha
+        self.momentum = self.config[self.momentum_option] if self.momentum_option else 0.0
+        self.difference = np.zeros_like(self.flat.data)  # alpha * (x - centre), reused
+        self.exchanges = 0  # this worker's exchanges in the current epoch
+
+    def exchanging(self) -> bool:
+        """Whether the step about to be taken (``self.steps``, 0-based) exchanges."""
+        return self.steps % self.config["tau"] == 0
+
+    def begin_epoch(self, epoch: int, batches: int) -> None:
+        """Every worker takes ``batches`` steps this epoch; its exchange count restarts."""
+        super().begin_epoch(epoch, batches)
+        self.exchanges = 0
+
+    def local_update(self, centre: np.ndarray | None) -> None:
+        """The worker's update: x <- x - lr g(x) - alpha (x - centre), pulled from the pre-step x.
+
+        ``centre`` None: a step without an exchange (the gradient step only). The pull
+        is left in ``self.difference``: what the centre must add.
+        """
+        x, opt = self.flat.data, self.optimizer
+        with tracer().phase("optimizer"):
+            if centre is not None:
+                np.subtract(x, centre, out=self.difference)
+                self.difference *= self.alpha
+            sgd_update(x, self.flat.grad, opt.state, opt.lr, self.momentum, opt.weight_decay,
+                       self.momentum > 0)
+            if centre is not None:
+                x -= self.difference
+                self.exchanges += 1
+
+    def epoch_stats(self) -> dict[str, Any]:
+        """Exchanges per worker this epoch (counted by each worker), on every rank."""
+        counts = guard.allgather_object(
+            self.topology.world, self.exchanges if self.topology.role == "worker" else None,
+            "epoch stats")
+        return {"alpha": self.alpha, "worker_exchanges": {
+            str(r): n for r, n in enumerate(counts) if n is not None}}
+
+    @staticmethod
+    def encode(array: np.ndarray) -> dict[str, Any]:
+        """An array as JSON-able checkpoint state, bit for bit (base64 of its bytes)."""
+        return {"dtype": array.dtype.str, "data": base64.b64encode(array.tobytes()).decode()}
+
+    @staticmethod
+    def decode(state: dict[str, Any], into: np.ndarray) -> None:
+        """Write an :meth:`encode` d array back into ``into``."""
+        into[...] = np.frombuffer(base64.b64decode(state["data"]), np.dtype(state["dtype"]))
+
+
+class ElasticServer(ElasticAveraging):
+    """A master rank (rank 0, the server) holds the centre; the workers exchange with it.
+
+    Communication at worker i's exchange steps (all through ``comm.p2p``)::
+
+        1. i sends x^i (its parameters before this step's update) to rank 0   [PARAMS]
+        2. rank 0 receives it, sends back x~ as it is                          [CENTRE]
+           and then applies x~ <- x~ + alpha (x^i - x~)
+        3. i receives x~ and applies x^i <- x^i - lr g - alpha (x^i - x~)
+        At the end of its epoch's steps, i sends DONE (an 8-byte header)      [DONE]
+
+    Rank 0's loop (``serve``) probes for the next message (``order``: any worker first
+    come first served, or the workers in rank order), answers it, and stops when every
+    worker has sent DONE. ``overlap``: the worker posts steps 1 and 3 (``isend``,
+    ``irecv``) before computing its gradient and waits for them after (SC17's Async
+    EASGD); otherwise it sends and receives after computing (the original EASGD). The
+    server's parameters are the centre: its checkpointed ``params`` and the model.
+    """
+
+    overlap: ClassVar[bool] = True
+
+    @classmethod
+    def servers_needed(cls, options: dict[str, Any]) -> int:
+        """One master rank."""
+        return 1
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        t = self.topology
+        self.order = self.config.get("order", "round_robin")
+        self.header = np.zeros(1, np.int64)
+        self.requests: list[p2p.PeerRequest] = []
+        if t.role == "server":
+            self.centre = self.flat.data
+            self.incoming = np.empty_like(self.flat.data)
+        else:
+            self.centre = np.empty_like(self.flat.data)  # where x~ arrives
+        self.reset_stats()
+
+    # -- worker side -----------------------------------------------------------------
+
+    def batch_size(self, base: int) -> int:
+        """Post the exchange before the gradient (``overlap``); DONE once the epoch is over."""
+        size = super().batch_size(base)
+        t = self.topology
+        if not size:
+            p2p.send(self.header, 0, TAG_DONE, t, "done")
+        elif self.overlap and self.exchanging():
+            # flat.data stays untouched until step(): forward and backward only read it.
+            self.requests = [p2p.irecv(self.centre, 0, TAG_CENTRE, t, "centre"),
+                             p2p.isend(self.flat.data, 0, TAG_PARAMS, t, "parameters")]
+        return size
+
+    def step(self, batch: int) -> None:
+        """Finish the exchange (if this step has one), then the elastic and gradient update."""
+        centre = None
+        if self.exchanging():
+            t = self.topology
+            if self.overlap:
+                for request in self.requests:
+                    request.wait()
+                self.requests = []
+            else:
+                p2p.send(self.flat.data, 0, TAG_PARAMS, t, "parameters")
+                p2p.recv(self.centre, 0, TAG_CENTRE, t, "centre")
+            centre = self.centre
+        self.local_update(centre)
+        self.steps += 1
+
+    # -- server side -------------------------------------------------------------------
+
+    def begin_epoch(self, epoch: int, batches: int) -> None:
+        """Statistics restart with the epoch."""
+        super().begin_epoch(epoch, batches)
+        self.reset_stats()
+
+    def serve(self) -> None:
+        """Answer exchanges until every worker has sent DONE."""
+        t = self.topology
+        active, turn = list(t.worker_ranks), 0
+        while active:
+            if self.order == "round_robin":
+                turn %= len(active)
+                source = active[turn]
+                message = p2p.probe(t, source, p2p.ANY_TAG, "serve", peers=[source])
+            else:
+                message = p2p.probe(t, p2p.ANY_SOURCE, p2p.ANY_TAG, "serve", peers=active)
+            started = time.perf_counter()
+            if message.tag == TAG_DONE:
+                p2p.recv(self.header, message.source, TAG_DONE, t, "done")
+                active.remove(message.source)
+            elif message.tag == TAG_PARAMS:
+                self.exchange(message.source)
+                turn += 1
+            else:
+                raise ValueError(f"rank {t.rank}: unexpected message tag {message.tag} from "
+                                 f"rank {message.source}")
+            self.busy_s += time.perf_counter() - started
+        self.serve_s = time.perf_counter() - self.stats_started
+
+    def exchange(self, worker: int) -> None:
+        """Receive x^i, answer with x~, then x~ <- x~ + alpha (x^i - x~)."""
+        t = self.topology
+        p2p.recv(self.incoming, worker, TAG_PARAMS, t, "parameters")
+        p2p.send(self.centre, worker, TAG_CENTRE, t, "centre")
+        with tracer().phase("optimizer"):
+            # The same operations as the worker's local_update: the same d, bit for bit.
+            np.subtract(self.incoming, self.centre, out=self.incoming)
+            self.incoming *= self.alpha
+            self.centre += self.incoming
+
+    # -- statistics, result --------------------------------------------------------------
+
+    def reset_stats(self) -> None:
+        """Zero the server's counters of this epoch."""
+        self.stats_started = time.perf_counter()
+        self.busy_s, self.serve_s = 0.0, 0.0
+
+    def epoch_stats(self) -> dict[str, Any]:
+        """Exchanges per worker and the server's busy share (time answering over serving)."""
+        stats = super().epoch_stats()
+        share = self.busy_s / max(self.serve_s, 1e-9) if self.topology.rank == 0 else 0.0
+        stats.update(exchanges=sum(stats["worker_exchanges"].values()),
+                     server_busy_share=guard.bcast_object(self.topology.world, share, 0,
+                                                          "epoch stats"))
+        return stats
+
+    def end_epoch(self, epoch: int, train_loss: float) -> None:
+        """The server refuses a centre that is not finite (naming the epoch)."""
+        if self.topology.role == "server" and not np.all(np.isfinite(self.centre)):
+            raise FloatingPointError(f"rank {self.topology.rank}: the centre is not finite "
+                                     f"after epoch {epoch + 1}; lower --lr or alpha")
+
+    def consensus(self) -> np.ndarray:
+        """The centre, broadcast from the server to every rank."""
+        return broadcast(self.centre, self.topology, 0, "centre parameters")
+
+
+class ElasticRoundRobin(ElasticServer):
+    """``easgd-rr``: the original EASGD; the master takes the workers one at a time, in order.
+
+    Pattern (SC17's baseline, Zhang et al.'s Algorithm 1 with an MPI master)::
+
+        master:  for i in workers, in rank order, forever:  recv(x^i from i); send(x~ to i);
+                                                             x~ += alpha (x^i - x~)
+        worker:  compute g at x^i; send(x^i); recv(x~); x^i -= lr g + alpha (x^i - x~)
+
+    Worker i+1 cannot exchange before worker i: a worker waits in its ``send`` and
+    ``recv`` (phase ``wait``/``comm_*``) for its turn, so P exchanges per round are
+    serialised at the master; that is the algorithm's cost, not a bug. The order is
+    fixed, so a run is reproducible bit for bit. One worker: EASGD with one worker.
+    """
+
+    name = "easgd-rr"
+    overlap = False
+
+
+class ElasticAsync(ElasticServer):
+    """``easgd-async``: SC17's Async EASGD; the master answers whoever comes first.
+
+    Pattern::
+
+        worker:  post isend(x^i), irecv(x~)  |  compute g at x^i  |  wait both;
+                 x^i -= lr g + alpha (x^i - x~)
+        master:  probe(ANY_SOURCE); recv(x^i); send(x~); x~ += alpha (x^i - x~)
+
+    The exchange travels while the worker computes (MPI progresses it inside the
+    worker's waits and the network model's time runs from the post). Workers never wait
+    for each other, only for the master's answer. ``order=round_robin`` serves the
+    workers in rank order instead (deterministic, for tests; still overlapped).
+    """
+
+    name = "easgd-async"
+    options: ClassVar[dict[str, Option]] = dict(
+        ElasticAveraging.options,
+        order=Option("fcfs", str, "fcfs (first come first served) or round_robin "
+                     "(workers in rank order: deterministic)", lambda v: v in ORDERS))
+
+
+class MomentumElasticAsync(ElasticAsync):
+    """``measgd-async``: Async EASGD with Nesterov momentum ``delta`` on the workers.
+
+    Communication as ``easgd-async``. The worker's gradient step is Nesterov momentum
+    in PyTorch's form (the gradient at the current parameters plays the look-ahead)::
+
+        v <- delta v + g;   x^i <- x^i - lr (g + delta v) - alpha (x^i - x~)
+
+    The elastic pull uses x^i before the step, as in EASGD. The master applies
+    ``x~ += alpha (x^i - x~)``, unchanged: momentum lives on the workers only (SC17's
+    Async MEASGD; its baseline ``amsgd`` keeps momentum at the server). ``delta = 0``
+    is ``easgd-async`` bit for bit.
+    """
+
+    name = "measgd-async"
+    options: ClassVar[dict[str, Option]] = dict(
+        ElasticAsync.options,
+        delta=Option(0.9, float, "a momentum in [0, 1)", lambda v: 0 <= v < 1))
+    momentum_option = "delta"
+
+
+class ElasticHogwild(ElasticAveraging):
+    """``easgd-hogwild``: the centre lives in the node's shared memory, updated with no lock.
+
+    Per exchange step on every worker (no server, no message inside a node)::
+
+        1. read: copy the node's shared x~ (plain loads; others may be writing)
+        2. x^i -= lr g + d  with  d = alpha (x^i - x~_read)
+        3. write: x~ += d, in place in the shared window, no lock, no atomics
+
+    Two ranks writing at once can lose one's ``+= d`` for the elements they overlap on
+    (NumPy adds in vectorised chunks, so races are of chunks, not single words): the
+    invariant ``x~ + sum x^i`` then holds only up to those lost pulls. That is Hogwild's
+    bargain (SC17's Hogwild EASGD removes the lock that guards the master's update).
+
+    More than one node (minidp's choice; the paper has one shared-memory machine): each
+    node has its own centre; at every epoch's end the leaders average them over the rail
+    (``rail_allreduce``) so there is one centre, equal on every node. One rank: EASGD
+    with one worker.
+    """
+
+    name = "easgd-hogwild"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        t = self.topology
+        # One segment per local rank; the node's centre lives in local rank 0's.
+        self.window = SharedArray(t.node, self.flat.size, self.flat.data.dtype)
+        self.centre = self.window.whole[0]
+        if t.local_rank == 0:
+            self.centre[...] = self.flat.data
+        self.window.sync()
+        self.read = np.empty_like(self.flat.data)
+
+    def step(self, batch: int) -> None:
+        """Read the centre, update, add the pull to the centre without a lock."""
+        if self.exchanging():
+            with tracer().phase("comm_intra", op="easgd-hogwild read centre"):
+                np.copyto(self.read, self.centre)
+            self.local_update(self.read)
+            with tracer().phase("comm_intra", op="easgd-hogwild write centre"):
+                np.add(self.centre, self.difference, out=self.centre)
+        else:
+            self.local_update(None)
+        self.steps += 1
+
+    def end_epoch(self, epoch: int, train_loss: float) -> None:
+        """One centre: the leaders average the node centres; every node sees the result."""
+        self.window.sync()
+        if self.topology.is_leader and self.topology.num_nodes > 1:
+            self.centre[...] = rail_allreduce(self.centre.copy(), self.topology, op="mean")
+        self.window.sync()
+        if not np.all(np.isfinite(self.centre)):
+            raise FloatingPointError(f"rank {self.topology.rank}: the centre is not finite "
+                                     f"after epoch {epoch + 1}; lower --lr or alpha")
+
+    def consensus(self) -> np.ndarray:
+        """The node's centre (after ``end_epoch``, the same on every node)."""
+        return self.centre
+
+    def state_dict(self) -> dict[str, Any]:
+        """Steps and the centre (it lives in shared memory, outside the checkpointed params)."""
+        return dict(super().state_dict(), centre=self.encode(self.centre))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; collective over the node (the centre is shared)."""
+        super().load_state_dict(state)
+        if self.topology.local_rank == 0:
+            self.decode(state["centre"], self.centre)
+        self.window.sync()

@@ -1,0 +1,357 @@
+"""SPMD, float64: the elastic-averaging family against exact checks (ALGORITHMS.md s.7)."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from strategy_runs import CLASSES, FEATURES, build
+
+from minidp import Tensor, layers
+from minidp import functional as F
+from minidp.comm import Topology, guard, p2p
+from minidp.optim import SGD
+from minidp.strategies.easgd import TAG_CENTRE
+
+world = MPI.COMM_WORLD
+BASE, LR = 4, 0.1
+SERVED = ("easgd-rr", "easgd-async", "measgd-async")
+_topologies = {}
+
+
+def topology(comm_size, servers, ranks_per_node=None):
+    """A topology over the first ``comm_size`` world ranks (None on the others)."""
+    key = (comm_size, servers, ranks_per_node)
+    if key not in _topologies:
+        sub = world.Split(0 if world.rank < comm_size else MPI.UNDEFINED, key=world.rank)
+        _topologies[key] = None if sub == MPI.COMM_NULL else Topology(sub, ranks_per_node,
+                                                                      servers)
+    return _topologies[key]
+
+
+def topology_for(name, ranks_per_node=None):
+    """Every world rank; rank 0 serves for the server variants (None: too few ranks, or
+    ``ranks_per_node`` does not divide the world)."""
+    servers = 1 if name in SERVED else 0
+    if world.size <= servers or (ranks_per_node and world.size % ranks_per_node):
+        return None
+    return topology(world.size, servers, ranks_per_node)
+
+
+def batch(epoch, worker, step):
+    rng = np.random.default_rng([11, epoch, worker, step])
+    return rng.standard_normal((BASE, FEATURES)), rng.integers(0, CLASSES, BASE)
+
+
+def gradient(model, x, y):
+    model.zero_grad()
+    F.cross_entropy(model(Tensor(x)), y).backward()
+
+
+def drive(name, topo, epochs=2, batches=3, lr=LR, on_step=None, start=None, **options):
+    """Run the strategy's roles; returns (centre, per-epoch stats, strategy, x_0).
+
+    ``start(s)`` may move a worker's parameters before training; ``on_step(s, before)``
+    sees each worker step with the parameters it started from.
+    """
+    s = build(name, topo, **options)
+    s.optimizer.lr = lr
+    x0 = s.flat.data.copy()
+    if start is not None and topo.role == "worker":
+        start(s)
+    s.plan(epochs, BASE)
+    stats = []
+    for epoch in range(epochs):
+        s.begin_epoch(epoch, batches)
+        if topo.role == "server":
+            s.serve()
+        else:
+            step = 0
+            while s.batch_size(BASE):
+                gradient(s.model, *batch(epoch, topo.rank, step))
+                before = s.flat.data.copy()
+                s.step(step)
+                if on_step is not None:
+                    on_step(s, before)
+                step += 1
+        s.end_epoch(epoch, 1.0)
+        stats.append(s.epoch_stats())
+    centre = s.consensus().copy()
+    return centre, stats, s, x0
+
+
+def worker_sum(topo, s):
+    """Sum of the workers' parameters (servers add nothing), on every rank."""
+    mine = s.flat.data if topo.role == "worker" else np.zeros_like(s.flat.data)
+    return topo.world.allreduce(mine, op=MPI.SUM)
+
+
+VARIANTS = [("easgd-rr", {}, None), ("easgd-async", {"order": "round_robin"}, None),
+            ("easgd-async", {"order": "fcfs", "tau": 2}, None),
+            ("measgd-async", {"order": "fcfs"}, None),
+            ("easgd-sync", {"mode": "reduce"}, None),
+            ("easgd-sync", {"mode": "allreduce", "tau": 2}, None),
+            ("easgd-hogwild", {}, 1),
+            # 4 ranks as 2 virtual nodes x 2: messages cross nodes, the tree too
+            ("easgd-async", {"order": "round_robin"}, 2), ("easgd-sync", {"mode": "reduce"}, 2)]
+
+
+@pytest.mark.parametrize("name,options,ranks_per_node", VARIANTS)
+def test_centre_plus_workers_changes_only_by_the_gradient_steps(name, options,
+                                                                ranks_per_node):
+    topo = topology_for(name, ranks_per_node)
+    if topo is None:
+        return
+    total, momentum = {}, {}
+    delta = 0.9 if name == "measgd-async" else 0.0
+
+    def record(s, before):
+        g = s.flat.grad.copy()
+        if delta:  # the worker's own Nesterov step, from the same recurrence
+            buf = momentum.get("v", np.zeros_like(g)) * delta + g
+            momentum["v"] = buf
+            g = g + delta * buf
+        total["steps"] = total.get("steps", 0) + LR * g
+
+    centre, stats, s, x0 = drive(name, topo, on_step=record, **options)
+    centres = topo.num_nodes if name == "easgd-hogwild" else 1
+    gradient_steps = topo.world.allreduce(total.get("steps", np.zeros_like(x0)), op=MPI.SUM)
+    before = (centres + topo.num_workers) * x0
+    after = centres * centre + worker_sum(topo, s)
+    np.testing.assert_allclose(after, before - gradient_steps, rtol=0, atol=1e-12)
+    assert np.abs(gradient_steps).max() > 1e-3  # the workers moved
+    if topo.num_workers > 1:
+        assert np.abs(centre - x0).max() > 1e-4  # and pulled the centre with them
+    exchanges = stats[0]["worker_exchanges"]
+    assert sorted(exchanges) == [str(r) for r in topo.worker_ranks]
+
+
+def sequential(worker, epochs=2, batches=3, lr=LR):
+    """The worker's own run of plain SGD over its batches, in one process."""
+    layers.manual_seed(0)
+    model = layers.mlp(FEATURES, (10,), CLASSES).to(np.float64)
+    opt = SGD(model.parameters(), lr=lr)
+    for epoch in range(epochs):
+        for step in range(batches):
+            gradient(model, *batch(epoch, worker, step))
+            opt.step()
+    return model.flat_parameters().data.copy()
+
+
+@pytest.mark.parametrize("name", ["easgd-rr", "easgd-async", "easgd-hogwild", "easgd-sync"])
+def test_alpha_zero_gives_independent_sgd_and_a_still_centre(name):
+    topo = topology_for(name)
+    if topo is None:
+        return
+    centre, _, s, x0 = drive(name, topo, alpha=0.0)
+    np.testing.assert_array_equal(centre, x0)
+    if topo.role == "worker":
+        np.testing.assert_array_equal(s.flat.data, sequential(topo.rank))
+
+
+def spread(s):
+    """Move each worker away from the centre by its own amount."""
+    s.flat.data += 0.01 * (s.topology.rank + 1) * np.linspace(-1, 1, s.flat.size)
+
+
+@pytest.mark.parametrize("mode", ["reduce", "allreduce"])
+def test_sync_with_lr_zero_contracts_the_mean_distance_by_one_minus_alpha_beta(mode):
+    topo = topology_for("easgd-sync")
+    alpha, distances = 0.1, []
+
+    def measure(s, before):
+        mean = topo.world.allreduce(s.flat.data, op=MPI.SUM) / topo.size
+        distances.append(mean - s.consensus())
+
+    drive("easgd-sync", topo, lr=0.0, on_step=measure, start=spread, alpha=alpha, mode=mode)
+    factor = 1 - alpha - topo.size * alpha
+    start = topo.world.allreduce(0.01 * (topo.rank + 1) * np.linspace(-1, 1, distances[0].size),
+                                 op=MPI.SUM) / topo.size
+    for t, d in enumerate(distances):
+        np.testing.assert_allclose(d, factor ** (t + 1) * start, rtol=1e-12, atol=1e-15)
+
+
+def test_one_worker_exchanges_pull_both_by_alpha_from_the_pre_step_values():
+    if world.size < 2:
+        return
+    topo = topology(2, 1)
+    if topo is None:
+        world.Barrier()
+        return
+    alpha, seen = 0.2, []
+
+    def check(s, before):
+        # s.centre holds the centre this step exchanged with: the server's, as it was.
+        expected = before - s.optimizer.lr * s.flat.grad - alpha * (before - s.centre)
+        np.testing.assert_allclose(s.flat.data, expected, rtol=0, atol=1e-15)
+        seen.append(before - s.centre)
+
+    for lr in (LR, 0.0):
+        seen.clear()
+        drive("easgd-rr", topo, lr=lr, on_step=check, start=spread, alpha=alpha)
+        if topo.role == "worker" and lr == 0.0:
+            for t in range(1, len(seen)):  # the server applied the same pull
+                np.testing.assert_allclose(seen[t], (1 - 2 * alpha) * seen[t - 1],
+                                           rtol=1e-12, atol=1e-16)
+    world.Barrier()
+
+
+@pytest.mark.parametrize("ranks_per_node", [None, 2])
+def test_sync_reduce_and_broadcast_equals_the_allreduce_replicas_bit_for_bit(ranks_per_node):
+    topo = topology_for("easgd-sync", ranks_per_node)
+    if topo is None:
+        return
+    for tau in (1, 2):
+        reduce, _, a, _ = drive("easgd-sync", topo, mode="reduce", tau=tau)
+        replica, _, b, _ = drive("easgd-sync", topo, mode="allreduce", tau=tau)
+        np.testing.assert_array_equal(reduce, replica)
+        np.testing.assert_array_equal(a.flat.data, b.flat.data)
+        assert all(np.array_equal(c, replica) for c in world.allgather(b.centre))
+
+
+def test_measgd_with_delta_zero_is_easgd_async_in_the_same_order():
+    topo = topology_for("measgd-async")
+    if topo is None:
+        return
+    plain, _, a, _ = drive("easgd-async", topo, order="round_robin")
+    zero, _, b, _ = drive("measgd-async", topo, order="round_robin", delta=0.0)
+    np.testing.assert_array_equal(plain, zero)
+    np.testing.assert_array_equal(a.flat.data, b.flat.data)
+    moving, _, _, _ = drive("measgd-async", topo, order="round_robin")
+    assert np.abs(moving - plain).max() > 1e-6  # delta 0.9 is another run
+
+
+@pytest.mark.parametrize("name", ["easgd-sync", "easgd-rr"])
+def test_sync_and_round_robin_runs_repeat_bit_for_bit(name):
+    topo = topology_for(name)
+    if topo is None:
+        return
+    first, _, a, _ = drive(name, topo, tau=2)
+    again, _, b, _ = drive(name, topo, tau=2)
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(a.flat.data, b.flat.data)
+
+
+@pytest.mark.parametrize("name", ["easgd-async", "easgd-sync", "easgd-hogwild"])
+def test_exchanges_happen_exactly_every_tau_steps(name):
+    topo = topology_for(name)
+    if topo is None:
+        return
+    _, stats, _, _ = drive(name, topo, batches=4, tau=3)
+    # steps 0..3 then 4..7: exchanges at 0, 3 and at 6
+    assert [set(st["worker_exchanges"].values()) for st in stats] == [{2}, {1}]
+
+
+def test_bad_options_name_the_option_value_and_rank():
+    topo = topology_for("easgd-sync")
+    with pytest.raises(ValueError, match=r"easgd-sync.alpha: got 1.5, allowed: a moving rate"):
+        build("easgd-sync", topo, alpha=1.5)
+    with pytest.raises(ValueError, match=rf"rank {world.rank}: easgd-sync: alpha \+ beta = "
+                                         r"0.9 \+ 1.5, allowed: below 2"):
+        build("easgd-sync", topo, alpha=0.9, beta=1.5)
+    with pytest.raises(ValueError, match=r"measgd-async.delta: got 1.0, allowed: a momentum"):
+        build("measgd-async", topo, delta=1.0)
+
+
+@pytest.fixture
+def short_timeout_on_rank_0():
+    # Only rank 0 waits in vain; the silent rank outwaits it at a barrier.
+    if world.rank == 0:
+        guard.set_timeout(1.0)
+    yield
+    guard.set_timeout(float(os.environ.get("MINIDP_COMM_TIMEOUT", "300")))
+
+
+@pytest.mark.parametrize("name", ["easgd-async", "easgd-sync"])
+def test_a_silent_worker_is_named_after_the_timeout(name, short_timeout_on_rank_0):
+    if world.size < 2:
+        return
+    topo = topology(2, 1 if name in SERVED else 0)
+    error = None
+    if topo is not None:
+        s = build(name, topo)
+        s.plan(1, BASE)
+        s.begin_epoch(0, 2)
+        if topo.rank == 0:
+            with pytest.raises(guard.CommTimeout) as caught:
+                if topo.role == "server":
+                    s.serve()
+                else:
+                    s.batch_size(BASE)
+                    gradient(s.model, *batch(0, 0, 0))
+                    s.step(0)
+            error = str(caught.value)
+    world.Barrier()
+    if topo is not None and name == "easgd-sync":
+        # Rank 1 takes the centre rank 0 sent it, so nothing stays in flight.
+        if topo.rank == 1:
+            p2p.recv(s.centre, 0, TAG_CENTRE, topo, "late centre")
+        else:
+            for request in s.requests:
+                request.wait()
+    world.Barrier()
+    if error is not None:
+        # The sync centre (1.3 kB) goes eagerly: rank 0 then waits in the tree reduce.
+        labels = {"easgd-async": ["serve (probe from rank 1)"],
+                  "easgd-sync": ["send centre to rank 1", "recv partial sum from rank 1"]}
+        assert re.match(r"rank 0: '(.+)' waited 1 s \(MINIDP_COMM_TIMEOUT\); ", error)
+        assert re.match(r"rank 0: '([^']+)'", error).group(1) in labels[name], error
+        assert re.search(r"rank 1: (waiting|last) in '[^']+' #\d+", error)
+
+
+KILLED = """
+import os, signal
+import numpy as np
+from strategy_runs import build, FEATURES, CLASSES
+from minidp import Tensor, functional as F
+from minidp.comm import Topology
+topo = Topology(servers=1)
+s = build("easgd-async", topo)
+s.plan(1, 4)
+s.begin_epoch(0, 50)
+if topo.role == "server":
+    s.serve()
+else:
+    step = 0
+    rng = np.random.default_rng(topo.rank)
+    while s.batch_size(4):
+        if topo.rank == 2 and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        s.optimizer.zero_grad()
+        F.cross_entropy(s.model(Tensor(rng.standard_normal((4, FEATURES)))),
+                        rng.integers(0, CLASSES, 4)).backward()
+        s.step(step)
+        step += 1
+"""
+
+
+def test_a_killed_worker_ends_the_job(tmp_path):
+    # A job of its own (started from a 1-rank session only): its rank 2 SIGKILLs itself.
+    if world.size != 1:
+        return
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    env.update(PYTHONPATH=os.pathsep.join([root, here]), MPIEXEC_TIMEOUT="100",
+               MINIDP_COMM_TIMEOUT="90")
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    started = time.monotonic()
+    proc = subprocess.Popen([mpiexec, "-n", "3", sys.executable, "-m", "mpi4py", str(script)],
+                            cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"the job outlived its killed worker:\n{output[-3000:]}")
+    assert proc.returncode != 0, output
+    assert time.monotonic() - started < 80, output  # ended by the kill, not a timeout
+    assert re.search(r"signal 9|KILLED", output, re.IGNORECASE), output

@@ -1,0 +1,124 @@
+"""Stopping on SIGTERM/SIGUSR1 and injected faults, through ``python -m minidp train``.
+
+The signals are raised by ``--inject-fault RANK:STEP:sigterm|sigusr1``: the real handler
+runs, at a known step, so where the run stops is deterministic.
+"""
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+from test_train_cli import train
+
+BATCHES = 1200 // 2 // 16  # per rank and epoch at 2 ranks, batch 16 (37; 18 at 4 ranks)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data"))
+
+
+def models_equal(a_dir, b_dir):
+    a, b = np.load(os.path.join(a_dir, "model.npz")), np.load(os.path.join(b_dir, "model.npz"))
+    assert a.files == b.files
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def metrics(out):
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+
+
+@pytest.mark.parametrize("strategy, nprocs, extra, step, stopped_at", [
+    ("sync", 2, ["--momentum", "0.9", "--schedule", "cosine"], 50, "epoch-0001-batch-00014"),
+    ("hsgd", 4, ["--ranks-per-node", "2", "--optimizer", "lars", "--set",
+                 "hsgd.level2_period=4", "--set", "hsgd.average=parameters"], 23,
+     "epoch-0001-batch-00006"),
+    ("hbsgd", 4, ["--ranks-per-node", "2", "--set", "hbsgd.k=3"], 7,
+     "epoch-0000-batch-00008"),
+])
+def test_a_signal_stops_between_batches_and_resume_is_bit_exact(tmp_path, data_dir, strategy,
+                                                                 nprocs, extra, step,
+                                                                 stopped_at):
+    common = ["--strategy", strategy, "--epochs", "2", "--dtype", "float64", *extra]
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    assert train(common + ["--out", whole], nprocs, data_dir).returncode == 0
+    kind = "sigusr1" if strategy == "hsgd" else "sigterm"
+    stop = train(common + ["--out", parts, "--inject-fault", f"1:{step}:{kind}"], nprocs,
+                 data_dir)
+    assert stop.returncode == 3, stop.output
+    assert f"rank 1: {kind.upper()} received; stopping at the next batch boundary" in stop.output
+    assert re.search(rf"stopped on a signal .* between batches; checkpoint '.*{stopped_at}'",
+                     stop.output), stop.output
+    assert os.listdir(os.path.join(parts, "checkpoints")) == [stopped_at]
+    assert not os.path.exists(os.path.join(parts, "model.npz"))
+    again = train(common + ["--out", parts, "--resume"], nprocs, data_dir)
+    assert again.returncode == 0, again.output
+    batch = int(stopped_at[-5:])
+    assert f"resuming after epoch {int(stopped_at[6:10])}, batch {batch}" in again.output
+    models_equal(whole, parts)
+    for a, b in zip(metrics(whole), metrics(parts), strict=True):
+        assert (a["epoch"], a["train_loss"], a["test_accuracy"], a["samples"]) == \
+               (b["epoch"], b["train_loss"], b["test_accuracy"], b["samples"])
+    # every gradient byte of the interrupted epoch counted once
+    totals = [json.load(open(os.path.join(d, "summary.json")))["bytes_sent"]
+              for d in (whole, parts)]
+    assert totals[0] == totals[1]
+
+
+@pytest.mark.parametrize("strategy, args", [
+    ("daso", ["--ranks-per-node", "2", "--set", "daso.warmup_epochs=1",
+              "--set", "daso.cooldown_epochs=0"]),
+    ("asgd", []),
+])
+def test_strategies_that_cannot_stop_between_batches_stop_at_the_epoch_end(tmp_path, data_dir,
+                                                                          strategy, args):
+    common = ["--strategy", strategy, "--epochs", "3", "--dtype", "float64", *args]
+    out = str(tmp_path / "run")
+    stop = train(common + ["--out", out, "--inject-fault", "2:3:sigterm"], 4, data_dir)
+    assert stop.returncode == 3, stop.output
+    assert "rank 2: SIGTERM received; stopping at the end of this epoch" in stop.output
+    assert "stopped on a signal (on another rank) at the end of epoch 1" in stop.output
+    assert os.listdir(os.path.join(out, "checkpoints")) == ["epoch-0001"]
+    assert [m["epoch"] for m in metrics(out)] == [1]
+    again = train(common + ["--out", out, "--resume"], 4, data_dir)
+    assert again.returncode == 0, again.output
+    assert [m["epoch"] for m in metrics(out)] == [1, 2, 3]
+
+
+def test_a_checkpoint_between_batches_resumes_on_its_own_world_size_only(tmp_path, data_dir):
+    out = str(tmp_path / "run")
+    common = ["--epochs", "2", "--out", out]
+    assert train(common + ["--inject-fault", "0:5:sigterm"], 2, data_dir).returncode == 3
+    refused = train(common + ["--resume"], 4, data_dir)
+    assert refused.returncode == 2, refused.output
+    assert ("world size: checkpoint 2 ranks, now 4; it was taken between batches (batch 6 of "
+            "epoch 1)") in refused.output
+
+
+def test_non_finite_parameters_are_never_checkpointed(tmp_path, data_dir):
+    out = str(tmp_path / "run")
+    launch = train(["--epochs", "3", "--checkpoint-every", "1", "--out", out,
+                    "--inject-fault", f"1:{2 * BATCHES}:nan"], 2, data_dir)
+    assert launch.returncode == 2, launch.output
+    assert ("not writing the checkpoint after epoch 2: its parameter '1.weight' is not "
+            "finite") in launch.output
+    assert launch.output.count("error: ") == 1, launch.output
+    assert os.listdir(os.path.join(out, "checkpoints")) == ["epoch-0001"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("1:0:hang", "--inject-fault: got '1:0:hang', allowed: RANK:STEP:KIND with RANK an int "
+                 ">= 0, STEP an int >= 1 and KIND one of raise, exit, kill, hang, slow, nan, "
+                 "sigterm, sigusr1"),
+    ("1:5:melt", "--inject-fault: got '1:5:melt', allowed: RANK:STEP:KIND"),
+    ("7:5:hang", "--inject-fault: rank 7 in '7:5:hang', allowed: a rank in [0, 2)"),
+])
+def test_a_bad_fault_is_a_clear_error(tmp_path, data_dir, spec, message):
+    launch = train(["--epochs", "1", "--out", str(tmp_path / "run"), "--inject-fault", spec],
+                   2, data_dir, timeout=90)
+    assert launch.returncode == 2, launch.output
+    assert message in launch.output
+    assert "Abort" not in launch.output  # every rank alike: a normal end, not MPI_Abort
