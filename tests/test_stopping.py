@@ -31,18 +31,19 @@ def metrics(out):
     return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
 
 
-@pytest.mark.parametrize("strategy, nprocs, extra, step, stopped_at", [
-    ("sync", 2, ["--momentum", "0.9", "--schedule", "cosine"], 50, "epoch-0001-batch-00014"),
-    ("hsgd", 4, ["--ranks-per-node", "2", "--optimizer", "lars", "--set",
-                 "hsgd.level2_period=4", "--set", "hsgd.average=parameters"], 23,
-     "epoch-0001-batch-00006"),
-    ("hbsgd", 4, ["--ranks-per-node", "2", "--set", "hbsgd.k=3"], 7,
+@pytest.mark.parametrize("strategy, nprocs, epochs, extra, step, stopped_at", [
+    ("sync", 2, 2, ["--momentum", "0.9", "--schedule", "cosine"], 50,
+     "epoch-0001-batch-00014"),
+    ("hsgd", 4, 1, ["--ranks-per-node", "2", "--optimizer", "lars", "--set",
+                    "hsgd.level2_period=4", "--set", "hsgd.average=parameters"], 5,
+     "epoch-0000-batch-00006"),
+    ("hbsgd", 4, 1, ["--ranks-per-node", "2", "--set", "hbsgd.k=3"], 7,
      "epoch-0000-batch-00008"),
 ])
 def test_a_signal_stops_between_batches_and_resume_is_bit_exact(tmp_path, data_dir, strategy,
-                                                                 nprocs, extra, step,
+                                                                 nprocs, epochs, extra, step,
                                                                  stopped_at):
-    common = ["--strategy", strategy, "--epochs", "2", "--dtype", "float64", *extra]
+    common = ["--strategy", strategy, "--epochs", str(epochs), "--dtype", "float64", *extra]
     whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
     assert train(common + ["--out", whole], nprocs, data_dir).returncode == 0
     kind = "sigusr1" if strategy == "hsgd" else "sigterm"
@@ -75,7 +76,7 @@ def test_a_signal_stops_between_batches_and_resume_is_bit_exact(tmp_path, data_d
 ])
 def test_strategies_that_cannot_stop_between_batches_stop_at_the_epoch_end(tmp_path, data_dir,
                                                                           strategy, args):
-    common = ["--strategy", strategy, "--epochs", "3", "--dtype", "float64", *args]
+    common = ["--strategy", strategy, "--epochs", "2", "--dtype", "float64", *args]
     out = str(tmp_path / "run")
     stop = train(common + ["--out", out, "--inject-fault", "2:3:sigterm"], 4, data_dir)
     assert stop.returncode == 3, stop.output
@@ -85,7 +86,7 @@ def test_strategies_that_cannot_stop_between_batches_stop_at_the_epoch_end(tmp_p
     assert [m["epoch"] for m in metrics(out)] == [1]
     again = train(common + ["--out", out, "--resume"], 4, data_dir)
     assert again.returncode == 0, again.output
-    assert [m["epoch"] for m in metrics(out)] == [1, 2, 3]
+    assert [m["epoch"] for m in metrics(out)] == [1, 2]
 
 
 def test_a_checkpoint_between_batches_resumes_on_its_own_world_size_only(tmp_path, data_dir):
