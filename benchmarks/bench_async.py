@@ -49,7 +49,7 @@ RECIPES: dict[str, tuple[str, float, float, list[str]]] = {
     "sync": ("sync", 0.05, 0.9, []),
     "asgd": ("asgd", 0.1, 0.0, []),
     "amsgd": ("amsgd", 0.01, 0.9, []),
-    "softsync": ("softsync", 0.3, 0.0, []),
+    "softsync": ("softsync", 0.1, 0.5, []),  # server momentum since 2026-11-23
     "dbs": ("dbs", 0.1, 0.0, []),
     "hogwild": ("hogwild", 0.1, 0.0, []),
 }

@@ -45,8 +45,8 @@ RECIPES: dict[str, tuple[str, float, float, list[str]]] = {
     "easgd-rr": ("easgd-rr", 0.2, 0.0, []),
     "easgd-async": ("easgd-async", 0.2, 0.0, []),
     "measgd-async": ("measgd-async", 0.02, 0.0, []),
-    "easgd-hogwild": ("easgd-hogwild", 0.2, 0.0, []),
-    "easgd-sync": ("easgd-sync", 0.2, 0.0, []),
+    "easgd-hogwild": ("easgd-hogwild", 0.3, 0.0, []),  # 4 workers: 0.2 left them 2.4 and
+    "easgd-sync": ("easgd-sync", 0.3, 0.0, []),  # 2.1 points below sync
     "asgd": ("asgd", 0.1, 0.0, []),
     "amsgd": ("amsgd", 0.01, 0.9, []),
     "hogwild": ("hogwild", 0.1, 0.0, []),
