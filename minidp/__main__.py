@@ -119,6 +119,7 @@ def train(args: argparse.Namespace) -> int:
     from minidp import threads
     from minidp.comm import guard
     from minidp.config import from_args
+    from minidp.kernels import ensure_compiled
     from minidp.report import phase_table
     from minidp.stopping import EXIT_STOPPED, Stopped
     from minidp.train import Trainer
@@ -130,6 +131,9 @@ def train(args: argparse.Namespace) -> int:
         guard.comm_timeout()  # a bad MINIDP_* is a user error too, reported like a flag
         guard.debug_checks()
         threads.check()
+        # A cold kernel cache takes a minute to fill (one rank per node, under a file
+        # lock): before the first wait, so it never counts against --comm-timeout.
+        ensure_compiled()
         guard.roll_call(MPI.COMM_WORLD, "start")  # a rank that never starts is named
         errors = guard.collective(MPI.COMM_WORLD, "start", MPI.COMM_WORLD.Dup)
         config = from_args(args)

@@ -46,6 +46,7 @@ from mpi4py import MPI
 
 _RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("label", "S104")])
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
+ABORT_GRACE_S = 0.5  # before MPI_Abort, for the launcher to forward this rank's output
 _ROLL_CALL_TAG = 7399  # point-to-point on the world, before any other minidp message
 _T = TypeVar("_T")
 _SWITCH = {"": False, "0": False, "false": False, "no": False, "off": False,
@@ -54,6 +55,10 @@ _SWITCH = {"": False, "0": False, "false": False, "no": False, "off": False,
 
 class CommTimeout(TimeoutError):
     """A wait ran past the timeout; the message names the ranks that never arrived."""
+
+
+class PeerLost(RuntimeError):
+    """MPI failed to move a message to or from a peer: the peer process is most likely gone."""
 
 
 class CollectiveMismatch(ValueError):
@@ -324,9 +329,21 @@ def _peer_states(board: _Board, comm: MPI.Comm, peers: list[int]) -> list[str]:
     return lines
 
 
-def _poll_peers(done: Callable[[], bool], comm: MPI.Comm, peers: list[int],
+def _poll_peers(test: Callable[[], bool], comm: MPI.Comm, peers: list[int],
                 operation: str) -> None:
-    """Call ``done`` until it is true, on the status board as ``operation``, or time out."""
+    """Call ``test`` until it is true, on the status board as ``operation``, or time out.
+
+    An MPI error on the way (a killed peer: MPICH cannot read its memory) is PeerLost
+    naming the peers, instead of an error stack that names none.
+    """
+    def done() -> bool:
+        try:
+            return test()
+        except MPI.Exception as exc:
+            raise PeerLost(f"rank {comm.Get_rank()}: {operation!r}: MPI failed with "
+                           f"rank(s) {', '.join(map(str, peers))}, which may have died "
+                           f"({exc.Get_error_string().splitlines()[0]})") from None
+
     board = _board.get("board")
     count = board.call(operation) if board else 0
     if done():
@@ -447,6 +464,9 @@ def install_abort_hook() -> None:
         sys.stderr.write(f"minidp: uncaught {kind.__name__} on rank "
                          f"{MPI.COMM_WORLD.Get_rank()}; aborting the job\n")
         sys.stderr.flush()
+        # MPICH's launcher drops output not yet forwarded when it tears the job down:
+        # give it a moment, or the one traceback that explains the failure can be cut.
+        time.sleep(ABORT_GRACE_S)
         MPI.COMM_WORLD.Abort(1)
 
     abort.minidp_abort = True
