@@ -340,6 +340,8 @@ def _poll_peers(test: Callable[[], bool], comm: MPI.Comm, peers: list[int],
         try:
             return test()
         except MPI.Exception as exc:
+            if exc.Get_error_class() == MPI.ERR_TRUNCATE:
+                raise  # the message came, too large: the caller's error to report
             raise PeerLost(f"rank {comm.Get_rank()}: {operation!r}: MPI failed with "
                            f"rank(s) {', '.join(map(str, peers))}, which may have died "
                            f"({exc.Get_error_string().splitlines()[0]})") from None
