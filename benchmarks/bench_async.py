@@ -31,9 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +39,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = common.ROOT
 # label: (strategy, lr, momentum, --set options); rates from 2- and 5-epoch runs, see
 # docs/benchmarks.md.
 RECIPES: dict[str, tuple[str, float, float, list[str]]] = {
@@ -61,12 +58,10 @@ def train(args: argparse.Namespace, out: str, strategy: str, lr: float, momentum
           sets: list[str], ranks: int = 4, model: str | None = None,
           epochs: int | None = None, slowdown: str | None = None) -> dict | None:
     """Run one training job into ``out``; its summary, or None when the job failed."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
-           "--model", model or args.model, "--dataset", "fashion-mnist",
+    cmd = ["--model", model or args.model, "--dataset", "fashion-mnist",
            "--strategy", strategy, "--epochs", str(epochs or args.epochs),
            "--batch-size", "64", "--lr", f"{lr:g}", "--momentum", f"{momentum:g}",
-           "--seed", "0", "--data-dir", args.data_dir, "--no-progress", "--out", out]
+           "--seed", "0", "--data-dir", args.data_dir, "--no-progress"]
     if args.train_samples:
         cmd += ["--train-samples", str(args.train_samples)]
     if args.test_samples:
@@ -75,23 +70,7 @@ def train(args: argparse.Namespace, out: str, strategy: str, lr: float, momentum
         cmd += ["--slowdown", slowdown]
     for item in sets:
         cmd += ["--set", item]
-    shown = [os.path.relpath(c, ROOT) if c.startswith(ROOT + os.sep) else c for c in cmd]
-    print("$ " + shlex.join(shown).replace(os.path.dirname(out), "$TMP"), flush=True)
-    # A new process group, so that a timeout ends mpiexec and every rank it started.
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        print(f"  timed out after {args.timeout} s", file=sys.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join(output.strip().splitlines()[-4:])
-        print(f"  failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
-        return None
-    with open(os.path.join(out, "summary.json")) as f:
-        return json.load(f)
+    return common.train_job(cmd, out, ranks, args.timeout)
 
 
 def recipe(args: argparse.Namespace, label: str) -> tuple[str, float, float, list[str]]:

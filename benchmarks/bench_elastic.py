@@ -25,9 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 from bench_async import accuracy, data_text, ratio, seconds, time_to  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = common.ROOT
 # label: (strategy, lr, momentum, --set options). The elastic pull slows each plain-SGD
 # worker, so they take twice asgd's rate (0.1 left them 2.6 points below sync after 5
 # epochs, still climbing); measgd-async's Nesterov delta 0.9 takes a lower one.
@@ -60,35 +57,17 @@ def train(args: argparse.Namespace, out: str, label: str, model: str, epochs: in
           extra: list[str]) -> dict | None:
     """Run RECIPES[label] into ``out``; its summary, or None when the job failed."""
     strategy, lr, momentum, sets = RECIPES[label]
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    cmd = [mpiexec, "-n", "4", sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
-           "--model", model, "--dataset", "fashion-mnist", "--strategy", strategy,
+    cmd = ["--model", model, "--dataset", "fashion-mnist", "--strategy", strategy,
            "--epochs", str(epochs), "--batch-size", "64", "--lr", f"{lr:g}",
            "--momentum", f"{momentum:g}", "--seed", "0", "--data-dir", args.data_dir,
-           "--no-progress", "--out", out, *extra]
+           "--no-progress", *extra]
     if args.train_samples:
         cmd += ["--train-samples", str(args.train_samples)]
     if args.test_samples:
         cmd += ["--test-samples", str(args.test_samples)]
     for item in sets:
         cmd += ["--set", item]
-    shown = [os.path.relpath(c, ROOT) if c.startswith(ROOT + os.sep) else c for c in cmd]
-    print("$ " + shlex.join(shown).replace(os.path.dirname(out), "$TMP"), flush=True)
-    # A new process group, so that a timeout ends mpiexec and every rank it started.
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        print(f"  timed out after {args.timeout} s", file=sys.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join(output.strip().splitlines()[-4:])
-        print(f"  failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
-        return None
-    with open(os.path.join(out, "summary.json")) as f:
-        return json.load(f)
+    return common.train_job(cmd, out, 4, args.timeout)
 
 
 def comm_share(out: str, summary: dict) -> float:

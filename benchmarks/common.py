@@ -1,12 +1,46 @@
-"""Timing helpers shared by the benchmarks: best-of-repeats wall time, one thread."""
+"""Helpers shared by the benchmarks: best-of-repeats wall time, one thread, training jobs."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
 os.environ.setdefault("MINIDP_NUM_THREADS", "1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train_job(flags: list[str], out: str, ranks: int, timeout: float) -> dict | None:
+    """Run ``mpiexec -n RANKS python -m mpi4py -m minidp train FLAGS --out OUT``.
+
+    Prints the command line; returns the run's summary, or None when the job failed or
+    ran past ``timeout`` seconds (then its whole process group is killed).
+    """
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
+           *flags, "--out", out]
+    shown = [os.path.relpath(c, ROOT) if c.startswith(ROOT + os.sep) else c for c in cmd]
+    print("$ " + shlex.join(shown).replace(os.path.dirname(out), "$TMP"), flush=True)
+    # A new process group, so that a timeout ends mpiexec and every rank it started.
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        print(f"  timed out after {timeout} s", file=sys.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join(output.strip().splitlines()[-4:])
+        print(f"  failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
+        return None
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
 
 
 def best_time(fn: Callable[[], object], repeats: int = 20, warmup: int = 3,

@@ -16,13 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import sys
 import time
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 import minidp
 
@@ -36,13 +33,11 @@ def info(_: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from minidp import threads
-    from minidp.comm import mpi_library
+    from minidp.comm import mpi_library, versions
 
     report = {
-        "minidp": minidp.__version__, "python": platform.python_version(),
-        "numpy": np.__version__, "numba": numba.__version__,
+        **versions(), "numba": numba.__version__,
         "numba_jit": not numba.config.DISABLE_JIT,
-        "mpi4py": __import__("mpi4py").__version__,
         "mpi_library": mpi_library(),
         "mpi_world_size": MPI.COMM_WORLD.Get_size(), "backend": minidp.get_backend(),
         "threads": threads.thread_info(),

@@ -36,12 +36,9 @@ import subprocess
 import sys
 from typing import Any
 
-import numpy as np
-from mpi4py import MPI
-
 import minidp
 from minidp import checkpoint
-from minidp.comm import guard, mpi_library
+from minidp.comm import Communicator, guard, mpi_library, versions
 from minidp.config import UsageError
 from minidp.report import atomic_write
 
@@ -141,7 +138,7 @@ def _decide(out: str | None, resume: str, overwrite: bool, base: str) -> tuple[s
     return out, False
 
 
-def open_run(out: str | None, resume: str, overwrite: bool, comm: MPI.Comm,
+def open_run(out: str | None, resume: str, overwrite: bool, comm: Communicator,
              base: str = "runs") -> tuple[str, bool]:
     """Collectively choose this run's directory; returns (path, whether to resume).
 
@@ -184,13 +181,12 @@ def git_commit(directory: str) -> str | None:
     return head.stdout.strip() or None
 
 
-def run_record(config: dict[str, Any], comm: MPI.Comm, ranks_per_node: int) -> dict[str, Any]:
+def run_record(config: dict[str, Any], comm: Communicator, ranks_per_node: int) -> dict[str, Any]:
     """What ``run.json`` says about this start (collective: every rank's host is gathered)."""
     hosts = guard.allgather_object(comm, socket.gethostname(), "run.json hosts")
     record = {
         "config": config,
-        "versions": {"minidp": minidp.__version__, "python": sys.version.split()[0],
-                     "numpy": np.__version__, "mpi4py": __import__("mpi4py").__version__},
+        "versions": versions(),
         "git_commit": git_commit(os.path.dirname(os.path.abspath(minidp.__file__))),
         "command": list(sys.argv),
         "world_size": comm.Get_size(), "ranks_per_node": ranks_per_node, "hosts": hosts,
@@ -202,7 +198,7 @@ def run_record(config: dict[str, Any], comm: MPI.Comm, ranks_per_node: int) -> d
     return record
 
 
-def write_run_json(path: str, config: dict[str, Any], comm: MPI.Comm, ranks_per_node: int,
+def write_run_json(path: str, config: dict[str, Any], comm: Communicator, ranks_per_node: int,
                    resumed_from: int | None = None) -> None:
     """Collectively record this start in ``path/run.json`` (rank 0 writes, atomically).
 

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import platform
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-import minidp
 from minidp import Tensor, backend, checkpoint, faults, layers, no_grad, rundir, strategies, threads
 from minidp import functional as F
 from minidp.comm import (
+    Communicator,
     NetworkModel,
     Topology,
     allreduce,
@@ -40,6 +39,7 @@ from minidp.comm import (
     guard,
     mpi_library,
     set_network_model,
+    versions,
     world_max,
 )
 from minidp.config import TrainConfig
@@ -52,9 +52,6 @@ from minidp.report import RunFiles
 from minidp.stopping import Stopped, StopSignal
 from minidp.trace import PHASES, Tracer, set_tracer
 
-if TYPE_CHECKING:
-    from mpi4py import MPI
-
 COUNTERS = ("bytes_intra", "bytes_inter", "messages_intra", "messages_inter")
 
 
@@ -66,7 +63,7 @@ class Trainer:
         comm: the communicator of the job.
     """
 
-    def __init__(self, config: TrainConfig, comm: MPI.Comm | None = None) -> None:
+    def __init__(self, config: TrainConfig, comm: Communicator | None = None) -> None:
         self.config = c = config.check()
         if backend.get_backend() != "numpy":
             raise ValueError(f"backend: got {backend.get_backend()!r}, allowed: 'numpy'; the "
@@ -374,9 +371,7 @@ class Trainer:
             "config": dataclasses.asdict(self.config),
             "world_size": self.size, "topology": self.topology.describe(),
             "batches_per_epoch": self.batches, "batch_size_per_worker": self.batch_size,
-            "versions": {"minidp": minidp.__version__, "python": platform.python_version(),
-                         "numpy": np.__version__, "mpi4py": __import__("mpi4py").__version__,
-                         "mpi": mpi_library()},
+            "versions": dict(versions(), mpi=mpi_library()),
             "threads_per_rank": threads.threads_per_rank(),
             "final": {k: last.get(k) for k in ("epoch", "train_loss", "test_loss",
                                                "test_accuracy")},

@@ -22,9 +22,9 @@ from minidp.comm.levels import (
 )
 from minidp.comm.network import NetworkModel, set_network_model
 from minidp.comm.shared import SharedArray
-from minidp.comm.topology import Topology, mpi_library
+from minidp.comm.topology import Communicator, Topology, mpi_library, versions
 
-__all__ = ["ALLREDUCE_ALGORITHMS", "AllreduceRequest", "NetworkModel", "SharedArray", "Topology",
-           "allreduce", "broadcast", "broadcast_object", "iallreduce", "mpi_library",
-           "node_allreduce", "node_broadcast", "p2p", "rail_allreduce", "rail_iallreduce",
-           "set_network_model", "shared_buffer", "world_max"]
+__all__ = ["ALLREDUCE_ALGORITHMS", "AllreduceRequest", "Communicator", "NetworkModel",
+           "SharedArray", "Topology", "allreduce", "broadcast", "broadcast_object", "iallreduce",
+           "mpi_library", "node_allreduce", "node_broadcast", "p2p", "rail_allreduce",
+           "rail_iallreduce", "set_network_model", "shared_buffer", "versions", "world_max"]

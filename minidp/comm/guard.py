@@ -180,27 +180,37 @@ def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
 
     The request is left as it is on a timeout: the job is expected to end.
     """
-    board = _board.get("board")
     label = f"{operation} on {comm.Get_name()}"
+    _waiting(request.Test, label, MPI.COMM_WORLD.Get_rank(),
+             lambda board, count: board.missing(comm, label, count))
+
+
+def _waiting(done: Callable[[], bool], label: str, rank: int,
+             missing: Callable[[_Board, int], list[str]]) -> None:
+    """Call ``done`` until it is true, on the status board as ``label``, or time out.
+
+    On a timeout, ``missing(board, count)`` describes the ranks waited for (``count``:
+    this rank's number of calls under ``label``, which the others' records must match).
+    """
+    board = _board.get("board")
     count = board.call(label) if board else 0
-    if request.Test():
+    if done():
         return
     if board:
         board.enter(label, count)
     try:
         deadline = time.monotonic() + comm_timeout()
         polls = 0
-        while not request.Test():
+        # MPICH moves point-to-point data only inside MPI calls: each poll is progress.
+        while not done():
             polls += 1
             if polls > 64:
                 # Ranks may outnumber cores: let the rank we wait for run.
                 os.sched_yield()
             if time.monotonic() > deadline:
-                details = (board.missing(comm, label, count) if board
-                           else ["(no status board)"])
-                raise CommTimeout(f"rank {MPI.COMM_WORLD.Get_rank()}: {label!r} waited "
-                                  f"{comm_timeout():g} s (MINIDP_COMM_TIMEOUT); "
-                                  + "; ".join(details))
+                details = missing(board, count) if board else ["(no status board)"]
+                raise CommTimeout(f"rank {rank}: {label!r} waited {comm_timeout():g} s "
+                                  "(MINIDP_COMM_TIMEOUT); " + "; ".join(details))
     finally:
         # A caller that handles the timeout goes on: the board must not say it still waits.
         if board:
@@ -346,31 +356,8 @@ def _poll_peers(test: Callable[[], bool], comm: MPI.Comm, peers: list[int],
                            f"rank(s) {', '.join(map(str, peers))}, which may have died "
                            f"({exc.Get_error_string().splitlines()[0]})") from None
 
-    board = _board.get("board")
-    count = board.call(operation) if board else 0
-    if done():
-        return
-    if board:
-        board.enter(operation, count)
-    try:
-        deadline = time.monotonic() + comm_timeout()
-        polls = 0
-        # MPICH moves point-to-point data only inside MPI calls: each poll is progress.
-        while not done():
-            polls += 1
-            if polls > 64:
-                # Ranks may outnumber cores: let the peer we wait for run.
-                os.sched_yield()
-            if time.monotonic() > deadline:
-                details = (_peer_states(board, comm, peers) if board
-                           else ["(no status board)"])
-                raise CommTimeout(f"rank {comm.Get_rank()}: {operation!r} waited "
-                                  f"{comm_timeout():g} s (MINIDP_COMM_TIMEOUT); "
-                                  + "; ".join(details))
-    finally:
-        # A caller that handles the timeout goes on: the board must not say it still waits.
-        if board:
-            board.leave()
+    _waiting(done, operation, comm.Get_rank(),
+             lambda board, _: _peer_states(board, comm, peers))
 
 
 def wait_peer(request: MPI.Request, comm: MPI.Comm, peers: list[int], operation: str,

@@ -239,6 +239,16 @@ def probe(topology: Topology, source: int = ANY_SOURCE, tag: int = ANY_TAG,
         return _message(guard.probe_peer(topology.world, source, tag, peers, label))
 
 
+def next_request(topology: Topology, active: list[int], turn: int | None) -> Message:
+    """A server's next message, from any of ``active`` (first come, first served).
+
+    With ``turn`` given, from ``active[turn]`` only: workers in turn, a deterministic order.
+    """
+    if turn is None:
+        return probe(topology, ANY_SOURCE, ANY_TAG, "serve", peers=active)
+    return probe(topology, active[turn], ANY_TAG, "serve", peers=[active[turn]])
+
+
 def poll(topology: Topology, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Message | None:
     """One non-blocking probe: the envelope of a message that is there, else None."""
     source = _check_rank("source", source, topology, wildcard=True)

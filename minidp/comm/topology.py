@@ -25,8 +25,10 @@ strategies do not average over nodes.
 
 from __future__ import annotations
 
+import platform
 from collections import Counter
 
+import numpy as np
 from mpi4py import MPI
 
 from minidp.comm import guard
@@ -35,9 +37,22 @@ ROLES = ("worker", "server")
 _SET_UP = "topology set-up"  # what a timeout says a rank was waiting in
 
 
+Communicator = MPI.Comm  # for type hints outside comm, which never imports mpi4py
+
+
 def mpi_library() -> str:
     """The first line of the MPI library's version string (without Open MPI's trailing NUL)."""
     return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
+
+
+def versions() -> dict[str, str]:
+    """minidp, Python, NumPy and mpi4py versions (run.json, summary.json, ``info``)."""
+    import mpi4py
+
+    import minidp
+
+    return {"minidp": minidp.__version__, "python": platform.python_version(),
+            "numpy": np.__version__, "mpi4py": mpi4py.__version__}
 
 
 class Topology:

@@ -196,12 +196,8 @@ class ElasticServer(ElasticAveraging):
         t = self.topology
         active, turn = list(t.worker_ranks), 0
         while active:
-            if self.order == "round_robin":
-                turn %= len(active)
-                source = active[turn]
-                message = p2p.probe(t, source, p2p.ANY_TAG, "serve", peers=[source])
-            else:
-                message = p2p.probe(t, p2p.ANY_SOURCE, p2p.ANY_TAG, "serve", peers=active)
+            turn %= len(active)
+            message = p2p.next_request(t, active, turn if self.order == "round_robin" else None)
             started = time.perf_counter()
             if message.tag == TAG_DONE:
                 p2p.recv(self.header, message.source, TAG_DONE, t, "done")

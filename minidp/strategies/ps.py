@@ -143,12 +143,9 @@ class ParameterServer(Strategy):
         active = list(t.worker_ranks)
         turn = 0
         while active:
-            if self.config["order"] == "round_robin":
-                turn %= len(active)
-                source = active[turn]
-                message = p2p.probe(t, source, p2p.ANY_TAG, "serve", peers=[source])
-            else:
-                message = p2p.probe(t, p2p.ANY_SOURCE, p2p.ANY_TAG, "serve", peers=active)
+            turn %= len(active)
+            message = p2p.next_request(t, active, turn if self.config["order"] == "round_robin"
+                                       else None)
             started = time.perf_counter()
             finished = self.handle(message.source, message.tag)
             self.stats["busy_s"] += time.perf_counter() - started
