@@ -50,15 +50,16 @@ class ParameterServer(Strategy):
         3. push (step): w sends to every server [version pulled, samples, compute us]
            and the gradient's slice.
         Server loop (serve): probe(ANY_SOURCE) and answer whatever came first:
-        a pull (grant while the epoch's budget lasts), a push (receive, then
-        on_gradient: here w <- w - lr * g at once, version += 1), a DONE.
+        a pull (grant while the epoch's budget lasts; the answer goes out with
+        isend from a copy of the slice, completed at w's next pull), a push
+        (receive, then on_gradient: here w <- w - lr * g at once, version += 1), a DONE.
 
     Staleness of a gradient = server version when it is applied - version pulled.
     Workers wait for their own pulls (and, for large gradients, until the server takes
     their push: MPI's rendezvous); they never wait for each other. The server waits only
-    when idle. With one
-    worker this is exactly sequential SGD; with ``order=round_robin`` (one server) the
-    server takes the workers' messages in turn, which makes runs deterministic for tests.
+    when idle: it never waits for a worker to take its parameters. With one worker this
+    is exactly sequential SGD; with ``order=round_robin`` (one server) the server takes
+    the workers' messages in turn, which makes runs deterministic for tests.
     """
 
     options: ClassVar[dict[str, Option]] = {
@@ -95,6 +96,12 @@ class ParameterServer(Strategy):
         if t.role == "server":
             self.shard = self.slices[t.rank]
             self.incoming = np.empty(self.shard.stop - self.shard.start, self.flat.data.dtype)
+            # Replies go out non-blocking from a copy per worker: a blocking send of the
+            # parameters would hold the server until the worker takes them (MPI's
+            # rendezvous for large messages), i.e. as long as that worker is descheduled.
+            self.outgoing = {w: (np.zeros(4, np.int64), np.empty_like(self.incoming))
+                             for w in t.worker_ranks}
+            self.sending: dict[int, list[p2p.PeerRequest]] = {w: [] for w in t.worker_ranks}
         self.reset_stats()
 
     # -- worker side -------------------------------------------------------------------
@@ -153,6 +160,8 @@ class ParameterServer(Strategy):
                 active.remove(message.source)
             else:
                 turn += 1
+        for worker in t.worker_ranks:
+            self.sent(worker)
         self.finish_epoch()
         self.stats["serve_s"] = time.perf_counter() - self.stats_started
 
@@ -178,11 +187,20 @@ class ParameterServer(Strategy):
             granted = self.assign_batch(worker, granted)
             granted = granted if 0 < granted <= self.budget else 0
             self.budget -= granted
-        self.reply[:] = (granted, self.version, 0, 0)
-        p2p.send(self.reply, worker, TAG_REPLY, t, "pull reply")
+        self.sent(worker)
+        header, params = self.outgoing[worker]
+        header[:] = (granted, self.version, 0, 0)
+        self.sending[worker].append(p2p.isend(header, worker, TAG_REPLY, t, "pull reply"))
         if granted:
-            p2p.send(self.flat.data[self.shard], worker, TAG_PARAMS, t, "parameters")
+            params[:] = self.flat.data[self.shard]
+            self.sending[worker].append(p2p.isend(params, worker, TAG_PARAMS, t, "parameters"))
         return granted == 0
+
+    def sent(self, worker: int) -> None:
+        """Complete the last reply to ``worker`` (taken already unless the epoch ends)."""
+        for request in self.sending[worker]:
+            request.wait()
+        self.sending[worker].clear()
 
     def assign_batch(self, worker: int, wanted: int) -> int:
         """Server 0: the batch size ``worker`` takes next (here: what it asked for)."""
