@@ -1,0 +1,141 @@
+r"""``python -m minidp compare``: train several strategies with the same flags, then report.
+
+    python -m minidp compare --strategies sync,hsgd,daso --out cmp -- \
+        --model lenet5 --dataset fashion-mnist --epochs 5 --ranks-per-node 2
+
+Each strategy runs as its own job (``MPIEXEC -n RANKS python -m mpi4py -m minidp train
+FLAGS --strategy S --out OUT/S``), one after the other, so that they never share the
+cores; then :mod:`minidp.reports` writes ``OUT/report.md`` over all of them. A
+``--set NAME.OPTION=VALUE`` goes only to the strategy it names (the others would refuse
+it). The train flags are checked once before anything is launched, so a typo costs
+nothing. A job that fails is reported with its last lines and left out of the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+from minidp.reports import check_plotting, label_runs, load_run, write_report
+from minidp.strategies import STRATEGIES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``compare`` subcommand's arguments (the train flags follow, after ``--``)."""
+    parser.add_argument("--strategies", required=True, metavar="S1,S2,...",
+                        help=f"strategies to run, from: {', '.join(STRATEGIES)}")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="a new directory: one run per strategy, and report.md")
+    parser.add_argument("--ranks", type=int, default=4, help="ranks per job (default 4)")
+    parser.add_argument("--mpiexec", default=None, help="the launcher (default: the "
+                        "mpiexec beside this Python, else the one on PATH)")
+    parser.add_argument("--timeout", type=float, default=3600,
+                        help="seconds per job before it is killed (default 3600)")
+    parser.add_argument("train_flags", nargs=argparse.REMAINDER,
+                        help="flags for every `minidp train` job (after --)")
+    parser.set_defaults(run=run)
+
+
+def strategies_of(text: str) -> list[str]:
+    """The comma-separated strategy ids, each checked."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    for name in names:
+        if name not in STRATEGIES:
+            raise ValueError(f"compare: --strategies: got {name!r}, allowed: "
+                             f"{', '.join(STRATEGIES)}")
+    if not names:
+        raise ValueError("compare: --strategies: got no strategy, allowed: a comma-"
+                         "separated list such as sync,hsgd")
+    return names
+
+
+def flags_for(strategy: str, flags: list[str]) -> list[str]:
+    """The train flags with every ``--set`` of another strategy's option dropped."""
+    kept: list[str] = []
+    k = 0
+    while k < len(flags):
+        flag = flags[k]
+        value = flags[k + 1] if flag == "--set" and k + 1 < len(flags) else None
+        if value is not None:
+            if value.split(".", 1)[0] == strategy:
+                kept += [flag, value]
+            k += 2
+            continue
+        kept.append(flag)
+        k += 1
+    return kept
+
+
+def check_train_flags(strategies: list[str], flags: list[str]) -> None:
+    """Parse each job's flags as `train` would, so a bad one fails before any launch."""
+    from minidp.config import build_parser, from_args
+
+    for flag in ("--strategy", "--out"):
+        if flag in flags:
+            raise ValueError(f"compare: train flags: {flag} is set by compare, allowed: "
+                             "every other train flag")
+    for strategy in strategies:
+        parser = build_parser(argparse.ArgumentParser(prog="minidp train", add_help=False))
+        try:
+            args = parser.parse_args([*flags_for(strategy, flags), "--strategy", strategy])
+        except SystemExit:
+            raise ValueError(f"compare: train flags: {shlex.join(flags)!r} are not valid "
+                             "train flags (see python -m minidp train --help)") from None
+        from_args(args)
+
+
+def launcher(args: argparse.Namespace) -> str:
+    """The mpiexec to use: the option, else the one beside this Python, else PATH's."""
+    if args.mpiexec:
+        return args.mpiexec
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.path.exists(beside) else "mpiexec"
+
+
+def run_job(command: list[str], timeout: float) -> tuple[int, str]:
+    """Run one job in its own process group (a timeout kills every rank); status, output."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return -signal.SIGKILL, output + f"\n(killed after {timeout:g} s)"
+    return proc.returncode, output
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train every strategy, then write the report; 1 if a job failed, 2 on bad input."""
+    check_plotting()
+    strategies = strategies_of(args.strategies)
+    flags = args.train_flags[1:] if args.train_flags[:1] == ["--"] else args.train_flags
+    if args.ranks < 1:
+        raise ValueError(f"compare: --ranks: got {args.ranks}, allowed: an int >= 1")
+    if os.path.exists(args.out) and os.listdir(args.out):
+        raise ValueError(f"compare: --out: {args.out!r} is not empty, allowed: a new or "
+                         "empty directory")
+    check_train_flags(strategies, flags)
+    done, failed = [], []
+    for k, strategy in enumerate(strategies):
+        out = os.path.join(args.out, f"{k + 1:02d}-{strategy}")
+        command = [launcher(args), "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
+                   "-m", "minidp", "train", *flags_for(strategy, flags),
+                   "--strategy", strategy, "--out", out, "--no-progress"]
+        print(f"$ {shlex.join(command)}", flush=True)
+        status, output = run_job(command, args.timeout)
+        tail = "\n".join(output.strip().splitlines()[-2:])
+        print(tail, flush=True)
+        (done if status == 0 else failed).append(out)
+        if status != 0:
+            print(f"{strategy} failed (exit {status}); left out of the report",
+                  file=sys.stderr, flush=True)
+    if done:
+        runs = [load_run(path) for path in done]
+        label_runs(runs)
+        print(f"wrote {write_report(runs, args.out)} ({len(runs)} run(s))")
+    return 1 if failed else 0
