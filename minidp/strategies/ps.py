@@ -13,9 +13,12 @@ samples a synchronous run would use: ``batches x batch x workers``) and grants e
 pull a batch while the budget lasts. A fast worker therefore takes more of an epoch
 than a slow one (it reuses its shard in a new order when it runs out), which is what
 lets an asynchronous run finish an epoch in the time of the *total* throughput
-instead of the slowest worker's. The epoch ends for a worker when server 0 answers
-its pull with 0; after every worker has heard that, all ranks meet for the epoch's
-end (statistics, evaluation of the servers' parameters, checkpoints).
+instead of the slowest worker's. ``epoch=shard`` gives each worker its own equal
+budget instead (``batches x batch``: its shard, as ASGD over fixed data partitions
+runs), so a fast worker's epoch ends early and the slowest worker's sets the pace.
+The epoch ends for a worker when server 0 answers its pull with 0; after every
+worker has heard that, all ranks meet for the epoch's end (statistics, evaluation of
+the servers' parameters, checkpoints).
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ class ParameterServer(Strategy):
                           lambda v: v >= 1),
         "order": Option("fcfs", str, "fcfs (first come first served) or round_robin "
                         "(deterministic, one server)", lambda v: v in ("fcfs", "round_robin")),
+        "epoch": Option("budget", str, "budget (the workers share the epoch's samples: fast "
+                        "ones take more) or shard (each worker its own equal share)",
+                        lambda v: v in ("budget", "shard")),
     }
     server_momentum: ClassVar[bool] = False  # asgd: plain SGD at the server
 
@@ -139,9 +145,15 @@ class ParameterServer(Strategy):
     # -- server side ---------------------------------------------------------------------
 
     def begin_epoch(self, epoch: int, batches: int) -> None:
-        """Server 0 opens the epoch's sample budget; statistics restart."""
+        """Server 0 opens the epoch's sample budget(s); statistics restart."""
         super().begin_epoch(epoch, batches)
-        self.budget = batches * self.base_batch * self.topology.num_workers
+        workers = self.topology.worker_ranks
+        # Each worker's entry is a one-element counter; shared, it is the same object.
+        if self.config["epoch"] == "shard":
+            self.budgets = {w: [batches * self.base_batch] for w in workers}
+        else:
+            shared = [batches * self.base_batch * len(workers)]
+            self.budgets = dict.fromkeys(workers, shared)
         self.reset_stats()
 
     def serve(self) -> None:
@@ -185,8 +197,9 @@ class ParameterServer(Strategy):
         granted = int(self.header[0])
         if t.rank == 0:
             granted = self.assign_batch(worker, granted)
-            granted = granted if 0 < granted <= self.budget else 0
-            self.budget -= granted
+            budget = self.budgets[worker]
+            granted = granted if 0 < granted <= budget[0] else 0
+            budget[0] -= granted
         self.sent(worker)
         header, params = self.outgoing[worker]
         header[:] = (granted, self.version, 0, 0)

@@ -78,7 +78,7 @@ def sequential(epochs, rounds, workers, optimizer=None, lr=0.1, schedule=None):
                                             ("amsgd", {"momentum": 0.9, "nesterov": True})])
 def test_one_worker_is_sequential_sgd_step_for_step(name, optimizer):
     if world.size < 2:
-        return
+        pytest.skip("needs a server and a worker: 2 ranks or more")
     topo = topology(2, 1)
     if topo is not None:
         got, stats, _ = drive(name, topo, optimizer=optimizer)
@@ -93,7 +93,7 @@ def test_one_worker_is_sequential_sgd_step_for_step(name, optimizer):
                                                 (None, {"momentum": 0.9})])
 def test_softsync_n1_in_turn_is_synchronous_sgd(schedule, optimizer):
     if world.size < 2:
-        return
+        pytest.skip("needs a server and a worker: 2 ranks or more")
     topo = topology(world.size, 1)
     got, stats, _ = drive("softsync", topo, n=1, order="round_robin", schedule=schedule,
                           optimizer=optimizer)
@@ -107,7 +107,7 @@ def test_softsync_n1_in_turn_is_synchronous_sgd(schedule, optimizer):
 
 def test_softsync_n_workers_in_turn_has_the_expected_staleness():
     if world.size < 2:
-        return
+        pytest.skip("needs a server and a worker: 2 ranks or more")
     topo = topology(world.size, 1)
     workers = topo.num_workers
     _, stats, _ = drive("softsync", topo, n=workers, order="round_robin")
@@ -137,6 +137,17 @@ def test_asgd_loses_no_gradient_and_uses_the_budget(servers):
     assert all(np.array_equal(g, gathered[0]) for g in gathered)
 
 
+def test_shard_epochs_give_every_worker_its_own_equal_share():
+    if world.size < 2:
+        pytest.skip("needs a server and a worker: 2 ranks or more")
+    topo = topology(world.size, 1)
+    _, stats, s = drive("asgd", topo, batches=4, epoch="shard")
+    for st in stats:
+        assert st["worker_samples"] == {str(w): 4 * BASE for w in topo.worker_ranks}
+    if topo.role == "worker":
+        assert s.steps == 2 * 4  # every epoch exactly its shard's batches, no more
+
+
 def test_dbs_batch_sizes_sum_to_the_total_and_follow_the_speeds():
     assert proportional_sizes(np.array([1.0, 2.0, 3.0]), 60, 1, 100).tolist() == [10, 20, 30]
     assert proportional_sizes(np.ones(3), 64, 1, 100).sum() == 64
@@ -147,7 +158,7 @@ def test_dbs_batch_sizes_sum_to_the_total_and_follow_the_speeds():
     with pytest.raises(ValueError, match="cannot be split"):
         proportional_sizes(np.ones(3), 60, 30, 100)
     if world.size < 3:
-        return
+        pytest.skip("the allocation needs two workers and a server: 3 ranks or more")
     topo = topology(world.size, 1)
     _, stats, _ = drive("dbs", topo, epochs=2, batches=6, min_batch=1, max_batch=16)
     last = stats[-1]
