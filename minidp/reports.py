@@ -141,24 +141,25 @@ def _mib(summary: dict[str, Any] | None, level: str) -> str:
     return f"{summary.get('bytes_sent', {}).get(level, 0) / 2**20:,.0f}"
 
 
-def runs_table(runs: list[Run]) -> list[str]:
+def runs_table(runs: list[Run], paths: bool = True) -> list[str]:
     """Markdown rows: one per run, with the figures a comparison starts from."""
-    rows = ["| run | ranks | epochs | final test acc | best | training s | s / epoch | "
-            "comm share | MiB intra | MiB inter | directory |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = ["run", "ranks", "epochs", "final test acc", "best", "training s", "s / epoch",
+            "comm share", "MiB intra", "MiB inter"] + (["directory"] if paths else [])
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
-        accs = [m["test_accuracy"] for m in r.epochs]
-        wall = sum(m["wall_s"] for m in r.epochs)
-        comm = sum(m.get("comm_s", 0.0) for m in r.epochs)
         ranks = r.summary["world_size"] if r.summary else "-"
-        epochs = f"{len(r.epochs)}" + ("" if r.summary else " (unfinished)")
-        rows.append(
-            f"| {r.label} | {ranks} | {epochs} | "
-            f"{accs[-1]:.2%} | {max(accs):.2%} | {r.wall_s:.1f} | "
-            f"{wall / len(r.epochs):.2f} | {comm / max(wall, 1e-9):.0%} | "
-            f"{_mib(r.summary, 'intra')} | {_mib(r.summary, 'inter')} | `{r.path}` |"
-            if r.epochs else f"| {r.label} | {ranks} | 0 | - | - | - | - | - | - | - | "
-            f"`{r.path}` |")
+        cells = [r.label, ranks, f"{len(r.epochs)}" + ("" if r.summary else " (unfinished)")]
+        if r.epochs:
+            accs = [m["test_accuracy"] for m in r.epochs]
+            wall = sum(m["wall_s"] for m in r.epochs)
+            comm = sum(m.get("comm_s", 0.0) for m in r.epochs)
+            cells += [f"{accs[-1]:.2%}", f"{max(accs):.2%}", f"{r.wall_s:.1f}",
+                      f"{wall / len(r.epochs):.2f}", f"{comm / max(wall, 1e-9):.0%}",
+                      _mib(r.summary, "intra"), _mib(r.summary, "inter")]
+        else:
+            cells += ["-"] * 7
+        rows.append("| " + " | ".join(str(c) for c in cells + ([f"`{r.path}`"] if paths
+                                                                 else [])) + " |")
     return rows
 
 
