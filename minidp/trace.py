@@ -2,8 +2,9 @@
 
 A :class:`Tracer` sums seconds per phase (``data, forward, backward, comm_intra,
 comm_inter, wait, optimizer``), counts bytes and messages per communication level, and
-records complete events (``"ph": "X"``) that :func:`chrome_trace` turns into the JSON
-that Perfetto and chrome://tracing read (pid = rank).
+records complete events (``"ph": "X"``) and instant events (``"ph": "i"``: a strategy's
+decisions, e.g. DASO's sends) that :func:`chrome_trace` turns into the JSON that
+Perfetto and chrome://tracing read (pid = rank).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ class Tracer:
                 self.events.append({"name": name, "ph": "X", "pid": self.rank, "tid": 0,
                                     "ts": (start - self.origin) * 1e6,
                                     "dur": (end - start) * 1e6, "args": args})
+
+    def mark(self, name: str, **args: Any) -> None:
+        """Record an instant event: a decision at one moment, its numbers in ``args``."""
+        if self.record_events and len(self.events) < self.max_events:
+            self.events.append({"name": name, "ph": "i", "s": "t", "pid": self.rank, "tid": 0,
+                                "ts": (time.perf_counter() - self.origin) * 1e6,
+                                "args": args})
 
     def count(self, name: str, amount: int = 1) -> None:
         """Add to a counter (e.g. ``bytes_inter``)."""

@@ -99,7 +99,7 @@ class Strategy(abc.ABC):
     stops_between_batches: ClassVar[bool] = False
 
     def __init__(self, model: Module, optimizer: Optimizer, topology: Topology,
-                 allreduce: str = "hierarchical", **options: Any) -> None:
+                 allreduce: str = "mpi", **options: Any) -> None:
         if allreduce not in ALLREDUCE_ALGORITHMS:
             raise ValueError(f"rank {topology.rank}: allreduce: got {allreduce!r}, allowed: "
                              f"{', '.join(ALLREDUCE_ALGORITHMS)}")

@@ -1,9 +1,11 @@
 """``hbsgd``: hierarchical bulk-synchronous SGD (Cong & Bhardwaj, ICMLA 2017).
 
-Reconstruction: only the abstract is public. It is read through the same group's
-K-step averaging (K-AVG, Zhou & Cong, IJCAI 2018): bulk-synchronous gradient averaging
-inside a group (here a node) every step, and model averaging across groups every K
-steps. See docs/hbsgd.md.
+Only the abstract is public. The algorithm is minidp's reconstruction, read through
+the same group's K-step averaging paper (K-AVG, Zhou & Cong, IJCAI 2018), which states
+that P learners each run K local SGD steps and then a global reduction averages their
+parameters (K = 1 being synchronous parallel SGD). Bulk-synchronous gradient averaging
+inside a group (here a node) every step, and where momentum lives, are minidp's
+choices. See docs/hbsgd.md.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ class HierarchicalBulkSGD(Strategy):
     Within a node the replicas average gradients and take the same step, so they stay
     identical: the node acts as one learner with batch G x b. Across nodes the P
     learners run K local steps, then average their parameters (K-AVG between nodes).
-    Momentum buffers are not averaged: each node keeps its own, the choice of K-AVG's
-    reference code and the one that makes K = 1 exactly synchronous SGD (the buffers'
-    average then evolves like the global buffer, because the update is linear).
+    Momentum buffers are not averaged: each node keeps its own. K-AVG's paper speaks of
+    averaging parameters only; keeping the buffers is minidp's choice, and it makes
+    K = 1 exactly synchronous SGD (the buffers' average then evolves like the global
+    buffer, because the update is linear).
 
     Communication, at step t (1-based)::
 

@@ -16,13 +16,15 @@ class SyncSGD(Strategy):
     Communication, per step::
 
         1. allreduce(grad, mean) over the world by the selected algorithm
-           (default ``hierarchical``: node slices in the shared window, then the rails;
-           the gradient buffer is this rank's segment of the window, so zero-copy).
+           (``--allreduce``; default ``mpi``: MPI's own flat allreduce, the baseline;
+           ``hierarchical``: node slices in the shared window, then the rails, with
+           the gradient buffer this rank's segment of the window, so zero-copy: what
+           ``hsgd`` runs).
            Every rank waits here for the slowest.
         2. optimizer.step() locally: no communication.
 
-    One rank: the allreduce is the identity and this is plain SGD. One node: only the
-    shared-memory level runs.
+    One rank: the allreduce is the identity and this is plain SGD. One node: with
+    ``hierarchical`` only the shared-memory level runs.
     """
 
     name = "sync"

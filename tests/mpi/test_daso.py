@@ -1,65 +1,34 @@
-"""SPMD: DASO's internals: merge formula, rail rotation, node and world agreement, timing."""
+"""SPMD: DASO carried out: the merge formula, the trace against Heat's decisions, agreement.
+
+The decisions themselves are checked without MPI against a transcription of Heat's code
+(tests/unit/test_daso_heat.py); here the real strategy's trace must show the same, in
+the same order, and the parameters must agree where DASO says they do.
+"""
 
 import math
 
 import numpy as np
-from strategy_runs import build, run, topology, world
+import pytest
+from strategy_runs import PER_RANK, build, global_batch, layouts, run, topology, world
+from unit.test_daso_heat import HeatNode
+
+from minidp import Tensor
+from minidp import functional as F
+from minidp.trace import Tracer, set_tracer
+
+two_by_two = pytest.mark.skipif(world.size != 4, reason="needs 4 ranks: 2 nodes of 2")
+# (B, S, L) and batches per epoch: each kind of state, L = 2, S > B, and a cool-down
+EPOCHS = [((4, 1, 1), 9), ((2, 1, 1), 7), ((1, 1, 1), 5), ((8, 2, 2), 11), ((2, 5, 1), 6),
+          ((0, 0, 0), 4)]
 
 
-def schedule(s, b, s_, l_):
-    s.schedule.load_state_dict({"values": [b, s_, l_], "best": math.inf, "bad_epochs": 0})
+def set_values(s, values):
+    s.schedule.load_state_dict({"values": list(values), "best": math.inf, "bad_epochs": 0})
 
 
-def two_level_layout():
-    return 2 if world.size == 4 else None
-
-
-def test_merge_formula_on_known_node_values():
-    rpn = two_level_layout()
-    if rpn is None:
-        return
-    t = topology(rpn)
-    s = build("daso", t)
-    s.begin_epoch(0, 10)
-    s.flat.data[...] = t.node_id + 1.0                  # node p sends x_p = p + 1
-    s.send(batch=0, wait=2)
-    s.flat.data[...] = 10.0 * (t.node_id + 1) + t.local_rank  # drifted on since
-    s.receive(batch=2)
-    wait, nodes = 2, t.num_nodes
-    sent_sum = sum(p + 1.0 for p in range(nodes))
-    x_local_of_rail0 = 10.0 * (t.node_id + 1)           # rail 0 = local rank 0 merges
-    expected = (2 * wait * x_local_of_rail0 + sent_sum) / (2 * wait + nodes)
-    np.testing.assert_allclose(s.flat.data, expected, rtol=0, atol=1e-12)
-
-
-def test_rails_rotate_and_only_that_rail_communicates_across_nodes():
-    rpn = two_level_layout()
-    if rpn is None:
-        return
-    from minidp.trace import Tracer, set_tracer
-
-    tracer = set_tracer(Tracer(world.rank))
-    t = topology(rpn)
-    s = build("daso", t, warmup_epochs=0, cooldown_epochs=0)
-    tracer.reset()  # count this epoch's rails only, not the start-up broadcast
-    s.plan(1)
-    schedule(s, 2, 1, 1)
-    s.begin_epoch(0, 9)
-    run_epoch(s, 0, 9)
-    rails = [rail for _, rail in s.sent_on]
-    assert rails == [k % t.local_size for k in range(len(rails))]
-    assert [b for b, _ in s.sent_on] == [0, 2, 4, 6, 8]
-    assert s.received_on == [1, 3, 5, 7]
-    mine = sum(1 for r in rails if r == t.local_rank)
-    assert tracer.counters["messages_inter"] == mine * 2 * (t.num_nodes - 1)
-
-
-def run_epoch(s, epoch, batches, after=None):
-    from strategy_runs import PER_RANK, global_batch
-
-    from minidp import Tensor
-    from minidp import functional as F
+def train_epoch(s, epoch, batches, after=None):
     t = s.topology
+    s.begin_epoch(epoch, batches)
     for b in range(batches):
         x, y = global_batch(epoch, b, t.size)
         mine = slice(t.rank * PER_RANK, (t.rank + 1) * PER_RANK)
@@ -67,37 +36,126 @@ def run_epoch(s, epoch, batches, after=None):
         F.cross_entropy(s.model(Tensor(x[mine])), y[mine]).backward()
         s.step(b)
         if after:
-            after(s, b)
+            after(b)
 
 
-def test_nodes_agree_after_every_receive_and_the_world_at_every_epoch_end():
-    rpn = two_level_layout() or 1
-    t = topology(rpn)
-    s = build("daso", t, warmup_epochs=0, cooldown_epochs=0)
-    s.plan(3)
-    agree = []
-
-    def after(s, b):
-        if b in s.received_on:
-            node = s.topology.node.allgather(s.flat.data.copy())
-            agree.append(all(np.array_equal(n, node[0]) for n in node))
-
-    for epoch, values in enumerate([(4, 1, 1), (2, 1, 1), (8, 2, 2)]):
-        schedule(s, *values)
-        s.begin_epoch(epoch, 11)
-        run_epoch(s, epoch, 11, after)
-        everyone = world.allgather(s.flat.data.copy())
-        assert all(np.array_equal(e, everyone[0]) for e in everyone)
-        if t.num_nodes > 1:
-            assert s.sent_on[-1][0] == 10  # the last batch is always a (blocking) send
-    assert agree and all(agree) if t.num_nodes > 1 else not agree
+def records(events, epoch, batches):
+    """The trace's DASO events of ``epoch`` in HeatNode's format, one string per batch."""
+    words = [["-"] for _ in range(batches)]
+    for e in events:
+        if e["ph"] != "i" or not e["name"].startswith("daso ") or e["args"]["epoch"] != epoch:
+            continue
+        a, action = e["args"], e["name"][len("daso "):]
+        batch = words[a["batch"]]
+        if action == "node sync":
+            batch[0] = "n"
+        elif action == "send":
+            batch.append(f"s{a['rail']}w{a['wait']}" + ("c" if a["cast"] else ""))
+        elif action == "merge":
+            batch.append(f"m{a['rail']}x{a['weight']:g}")
+        else:
+            batch.append({"broadcast": f"b{a.get('root')}", "average": f"a{a.get('rail')}",
+                          "rails reset": "r"}[action])
+    return [" ".join(w) for w in words]
 
 
-def test_cycling_differs_from_sync_but_stays_close():
-    rpn = two_level_layout()
-    if rpn is None:
-        return
-    got, _ = run("daso", rpn, warmup_epochs=1, cooldown_epochs=0, epochs=3, batches=9)
-    expected, _ = run("sync", rpn, epochs=3, batches=9)
+def equal_over(comm, x):
+    gathered = comm.allgather(x.copy())
+    return all(np.array_equal(g, gathered[0]) for g in gathered)
+
+
+@two_by_two
+def test_merge_formula_on_known_node_values():
+    t = topology(2)
+    s = build("daso", t)
+    set_values(s, (8, 2, 2))  # send at batch 0, merge at batch 2 with weight 2 * 2
+    s.begin_epoch(0, 10)
+    for b, x in enumerate([t.node_id + 1.0, 10.0 * (t.node_id + 1) + t.local_rank, None]):
+        s.flat.grad[...] = 0.0  # plain SGD: the update leaves x as set
+        if x is not None:
+            s.flat.data[...] = x  # sent at batch 0: node p sends p + 1; then drifted on
+        s.step(b)
+    sent_sum = sum(p + 1.0 for p in range(t.num_nodes))
+    x_local_of_rail0 = 10.0 * (t.node_id + 1)  # rail 0 = local rank 0 merges, broadcasts
+    expected = (4 * x_local_of_rail0 + sent_sum) / (4 + t.num_nodes)
+    np.testing.assert_allclose(s.flat.data, expected, rtol=0, atol=1e-12)
+
+
+@two_by_two
+def test_trace_shows_heats_decisions_and_the_ranks_agree_where_they_should():
+    tracer = set_tracer(Tracer(world.rank))
+    t = topology(2)
+    s = build("daso", t, downcast="bf16")
+    tracer.reset()  # count the epochs' inter-node messages, not the start-up broadcast
+    heat, node_checks = HeatNode(t.local_size), []
+    for epoch, (values, batches) in enumerate(EPOCHS):
+        set_values(s, values)
+        heat.begin_epoch(values, batches)
+        expected = [heat.step() for _ in range(batches)]
+
+        def after(b, expected=expected):
+            if " b" in expected[b]:  # after a node broadcast the node agrees
+                node_checks.append(equal_over(t.node, s.flat.data))
+
+        train_epoch(s, epoch, batches, after)
+        assert records(tracer.events, epoch, batches) == expected, f"epoch {epoch}"
+        assert equal_over(world, s.flat.data)  # the last batch's blocking sync
+    assert len(node_checks) > 20 and all(node_checks)
+    sends_mine = sum(1 for e in tracer.events if e["name"] == "daso send"
+                     and e["args"]["rail"] == t.local_rank)
+    # only the rail of each sync crosses nodes: a ring over P nodes, 2 (P - 1) messages
+    assert tracer.counters["messages_inter"] == sends_mine * 2 * (t.num_nodes - 1) > 0
+
+
+def train_run(s, losses, start=0, stop=None):
+    """Epochs start..stop with the real schedule, fed ``losses``."""
+    for epoch in range(start, len(losses) if stop is None else stop):
+        train_epoch(s, epoch, 5 + epoch % 3)
+        s.end_epoch(epoch, losses[epoch])
+
+
+@two_by_two
+def test_resumed_run_reaches_the_same_events_and_parameters():
+    options = dict(optimizer={"momentum": 0.9}, warmup_epochs=1, cooldown_epochs=1,
+                   max_global_skips=4, patience=0)
+    losses = [1.0, 0.9, 0.9, 0.9, 0.9, 0.9]  # (0,0,0) (4,1,1) (4,1,1) (2,1,1) (1,1,1) (0,0,0)
+    t = topology(2)
+    whole = build("daso", t, **options)
+    whole.plan(len(losses))
+    tracer = set_tracer(Tracer(world.rank))
+    train_run(whole, losses)
+    uninterrupted = [records(tracer.events, e, 5 + e % 3) for e in range(3, len(losses))]
+    first = build("daso", t, **options)
+    first.plan(len(losses))
+    train_run(first, losses, stop=3)
+    saved = (first.state_dict(), first.optimizer.state_dict(), first.flat.data.copy())
+    resumed = build("daso", t, **options)
+    resumed.plan(len(losses))
+    resumed.load_state_dict(saved[0])
+    resumed.optimizer.load_state_dict(saved[1])
+    resumed.flat.data[...] = saved[2]
+    tracer = set_tracer(Tracer(world.rank))
+    train_run(resumed, losses, start=3)
+    assert [records(tracer.events, e, 5 + e % 3) for e in range(3, len(losses))] == \
+        uninterrupted
+    assert len(set(map(tuple, uninterrupted))) == 3  # three different states resumed into
+    np.testing.assert_array_equal(resumed.flat.data, whole.flat.data)
+
+
+def test_every_layout_ends_each_epoch_with_one_model():
+    # one rank per node (rails of one rank, P = world size) and, at 4 ranks, 2 x 2;
+    # one node (world size 1): synchronous SGD
+    for ranks_per_node in layouts():
+        s = build("daso", topology(ranks_per_node))
+        for epoch, (values, batches) in enumerate(EPOCHS[:4]):
+            set_values(s, values)
+            train_epoch(s, epoch, batches)
+            assert equal_over(world, s.flat.data)
+
+
+@two_by_two
+def test_cycling_differs_from_flat_sync_but_stays_close():
+    got, _ = run("daso", 2, warmup_epochs=1, cooldown_epochs=0, epochs=3, batches=9)
+    expected, _ = run("sync", 2, allreduce="mpi", epochs=3, batches=9)
     gap = np.abs(got - expected).max()
     assert 1e-9 < gap < 0.5

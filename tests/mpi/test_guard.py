@@ -53,10 +53,10 @@ def test_debug_mode_names_the_rank_with_another_shape(debug_on):
 
 
 def test_debug_mode_names_a_rank_calling_another_algorithm(debug_on):
+    if world.size == 1:
+        pytest.skip("needs a second rank to call another algorithm")
     topology = Topology()
     algorithm = "ring" if world.rank == 1 else "mpi"
-    if world.size == 1:
-        return
     with pytest.raises(guard.CollectiveMismatch, match="rank 1 calls allreduce ring sum"):
         allreduce(np.zeros(4), topology, algorithm)
 
