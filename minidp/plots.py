@@ -158,7 +158,7 @@ def daso_schedule(runs: list[Run]) -> Figure | None:
         epochs = [m["epoch"] for m in r.epochs]
         for key, symbol, style in (("global_skip", "B", "-"), ("batches_to_wait", "S", "--"),
                                    ("local_skip", "L", ":")):
-            ax.step(epochs, r.strategy_stats(key), where="post", linestyle=style,
+            ax.step(epochs, r.strategy_stats(key), where="mid", linestyle=style,
                     marker="o", label=f"{r.label}: {symbol}")
     ax.set(title="DASO's schedule per epoch (0, 0, 0: blocking every batch)",
            ylabel="batches")
