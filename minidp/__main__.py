@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -47,17 +46,18 @@ def info(_: argparse.Namespace) -> int:
 
 
 def data_prepare(args: argparse.Namespace) -> int:
-    """Convert a data set into NAME-train.mdp and NAME-test.mdp under --out."""
-    from minidp.io import load_dataset
-    from minidp.io.mdp import write_mdp
+    """Convert a data set into NAME-train.mdp (shuffled once) and NAME-test.mdp under --out.
 
-    data = load_dataset(args.name, args.data_dir)
-    os.makedirs(args.out, exist_ok=True)
-    for split, x, y in (("train", data.x_train, data.y_train), ("test", data.x_test, data.y_test)):
-        path = os.path.join(args.out, f"{args.name}-{split}.mdp")
-        header = write_mdp(path, x, y, data.num_classes, progress=not args.quiet)
-        print(f"{path}: {header.count} records of {header.record_size} bytes "
-              f"(from {data.source})")
+    The same preparation as a run's automatic one (:func:`minidp.io.prepare_dataset`).
+    """
+    from minidp.io import prepare_dataset
+    from minidp.io.mdp import read_header
+
+    for path in prepare_dataset(args.name, args.out, source_dir=args.data_dir,
+                                progress=not args.quiet):
+        header = read_header(path)
+        print(f"{path}: {header.count} records of {header.record_size} bytes"
+              f"{' (shuffled once)' if header.shuffled else ''}")
     return 0
 
 

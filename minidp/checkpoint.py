@@ -71,7 +71,7 @@ def name(epoch: int, batch: int = 0) -> str:
 
 def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray],
          state: dict[str, Any], meta: dict[str, Any], config: dict[str, Any],
-         batch: int = 0) -> str:
+         batch: int = 0, after_write: Callable[[], None] | None = None) -> str:
     """Collectively write the checkpoint of ``epoch`` (1-based, completed); returns its path.
 
     Args:
@@ -83,6 +83,8 @@ def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray]
         meta: rank 0's description of the run (``history`` of the epochs so far).
         config: the run's configuration (``dataclasses.asdict``), checked on resume.
         batch: batches of the next epoch done (a stop between batches), else 0.
+        after_write: called once this rank's file is on disk, before any rank waits for
+            the others (the fault injection point ``kill-in-save``, :mod:`minidp.faults`).
     """
     root = os.path.join(out, "checkpoints")
     final = os.path.join(root, name(epoch, batch))
@@ -96,6 +98,8 @@ def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray]
         np.savez(f, state=np.frombuffer(json.dumps(state).encode(), np.uint8), **arrays)
         f.flush()
         os.fsync(f.fileno())
+    if after_write is not None:
+        after_write()
     guard.barrier(topology.world, "checkpoint written")
     if topology.rank == 0:
         sequence = max((_sequence(d) for d in complete(out)), default=0) + 1

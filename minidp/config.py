@@ -67,7 +67,7 @@ class TrainConfig:
     dtype: str = "float32"
     train_samples: int | None = None
     test_samples: int | None = None
-    allreduce: str = "hierarchical"
+    allreduce: str = "mpi"
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     out: str | None = None
     data_dir: str = "data"
@@ -77,6 +77,7 @@ class TrainConfig:
     stop_after: int | None = None
     comm_timeout: float | None = None
     progress: bool = True
+    verify: bool = True
     slowdown: str | None = None
     inject_fault: str | None = None
 
@@ -249,13 +250,17 @@ def from_toml(path: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     with open(path, "rb") as f:
         try:
             data = tomllib.load(f)
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            # TOML is UTF-8: other bytes are a decoding error, not a TOML syntax error
             raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
     settings, tables = {}, {}
     for key, value in data.items():
         name = key.replace("-", "_")
         if isinstance(value, dict):
-            strategy_class(key)  # an unknown strategy table is an error listing the valid
+            try:
+                strategy_class(key)  # a table holds one strategy's options
+            except ValueError as exc:
+                raise ValueError(f"--config {path}: table [{key}]: {exc}") from None
             tables[key] = value
         elif name in FIELDS and name not in ("options",):
             settings[name] = check_type(name, value, f"--config {path}: {key}")
@@ -271,7 +276,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     opt = {"default": argparse.SUPPRESS}
     add("--config", **opt, help="TOML file of settings (flags override it)")
     for name, f in FIELDS.items():
-        if name in ("options", "progress", "resume", "nesterov", "overwrite"):
+        if name in ("options", "progress", "verify", "resume", "nesterov", "overwrite"):
             continue
         kind = {"int": int, "float": float, "str": str}[str(f.type).removesuffix(" | None")]
         add(f"--{_flag(name)}", type=kind, **opt,
@@ -285,6 +290,8 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--overwrite", action="store_true", **opt,
         help="clear the run files of an --out that holds another run, then start")
     add("--no-progress", dest="progress", action="store_false", **opt, help="no progress bar")
+    add("--no-verify", dest="verify", action="store_false", **opt,
+        help="skip the dataset files' checksum check at start (one read of each file)")
     add("--set", action="append", default=[], metavar="STRATEGY.OPTION=VALUE",
         help="a strategy option (repeatable)")
     return parser

@@ -21,7 +21,7 @@ from minidp.strategies import STRATEGIES
 from minidp.trace import PHASES
 
 # Settings that never make two runs differ in a way a reader compares.
-NOT_SETTINGS = ("out", "data_dir", "progress", "overwrite", "resume", "checkpoint_every",
+NOT_SETTINGS = ("out", "data_dir", "progress", "verify", "overwrite", "resume", "checkpoint_every",
                 "comm_timeout", "inject_fault")
 COMM_PHASES = ("comm_intra", "comm_inter", "wait")
 

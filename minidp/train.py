@@ -77,7 +77,7 @@ class Trainer:
         self.tracer = set_tracer(Tracer(self.rank))
         self.batch_size = c.per_worker_batch(t.num_workers)
         self.data = open_training_data(c.dataset, c.data_dir, c.reader, c.seed, c.train_samples,
-                                       c.test_samples, t)
+                                       c.test_samples, t, verify=c.verify)
         if self.batch_size > self.data.samples_per_worker:
             raise ValueError(f"rank {self.rank}: batch size {self.batch_size} for "
                              f"{c.dataset!r}: allowed 1 to {self.data.samples_per_worker} "
@@ -93,7 +93,8 @@ class Trainer:
         self.strategy.plan(c.epochs, self.batch_size, schedule)
         self.scheduler = LRScheduler(self.optimizer, schedule)
         self.slowdown = c.slowdowns().get(self.rank, 1.0)
-        self.injector = faults.Injector(faults.parse(c.inject_fault), self.rank, self.size)
+        self.injector = faults.Injector(faults.parse(c.inject_fault), self.rank, self.size,
+                                        tuple(t.server_ranks))
         self.history: list[dict[str, Any]] = []
         self.totals = {"elapsed_s": 0.0, "steps": 0}  # steps: this rank's, over the run
         self.partial: dict[str, Any] | None = None  # an epoch resumed between batches
@@ -204,6 +205,7 @@ class Trainer:
                 return None
             loss_sum, steps, samples = done
         else:
+            self.injector.at_serve(epoch + 1)
             self.strategy.serve()
             loss_sum, steps, samples = 0.0, 0, 0
         self.stop.settle()
@@ -271,6 +273,7 @@ class Trainer:
                 loss.backward()
                 self.totals["steps"] += 1
                 self.injector.at_step(self.totals["steps"], self.strategy.flat.grad)
+                self._check_gradient(epoch, steps)
                 slowdown = max(self.slowdown, self.injector.slow)
                 if slowdown > 1:
                     time.sleep((slowdown - 1) * (time.perf_counter() - computed))
@@ -402,15 +405,38 @@ class Trainer:
         return checkpoint.save(self.config.out, epoch, self.topology, arrays, state,
                                {"strategy": self.config.strategy, "history": self.history},
                                dataclasses.asdict(self.config),
-                               batch=partial["batch"] if partial else 0)
+                               batch=partial["batch"] if partial else 0,
+                               after_write=lambda: self.injector.in_save(epoch))
+
+    def _first_non_finite(self, field: str) -> str | None:
+        """The name of the first parameter whose ``field`` (data or grad) is not all finite."""
+        return next((name for name, p in self.model.named_parameters()
+                     if not np.all(np.isfinite(getattr(p, field)))), None)
+
+    def _check_gradient(self, epoch: int, batch: int) -> None:
+        """Stop at a non-finite gradient, before the strategy sends or applies it.
+
+        Only the rank that computed it knows: its error ends the job (report_error aborts
+        a failure of one rank). The sum is finite in the common case and allocates
+        nothing; only a non-finite sum looks for the parameter.
+        """
+        if np.isfinite(self.strategy.flat.grad.sum()):
+            return
+        name = self._first_non_finite("grad")
+        if name is not None:
+            raise FloatingPointError(
+                f"rank {self.rank}: the gradient of parameter {name!r} is not finite at step "
+                f"{self.totals['steps']} of the run (epoch {epoch + 1}, batch {batch + 1}); it "
+                "was neither sent nor applied, so the last checkpoint holds the last good "
+                "state: resume from it, with a lower --lr if the gradients diverged")
 
     def _check_finite(self, epoch: int) -> None:
-        bad = [name for name, p in self.model.named_parameters()
-               if not np.all(np.isfinite(p.data))]
+        """Non-finite parameters on any rank are an error on every rank, never a checkpoint."""
+        bad = self._first_non_finite("data")
         worst = world_max(np.array([self.rank if bad else -1.0]), self.topology,
                           "checkpoint parameters finite")
         if worst[0] >= 0:
-            whose = (f"its parameter {bad[0]!r} is" if bad else
+            whose = (f"its parameter {bad!r} is" if bad else
                      f"rank {int(worst[0])}'s parameters are")
             raise FloatingPointError(f"rank {self.rank}: not writing the checkpoint after "
                                      f"epoch {epoch}: {whose} not finite; lower --lr, or "

@@ -1,9 +1,10 @@
-"""The fault matrix: every strategy, a worker that raises, is killed or hangs.
+"""The fault matrix: every strategy, a worker that raises, is killed or hangs; and a server.
 
 Each job must end on its own, non-zero, within ``--comm-timeout`` plus a margin, and
 (where the rank can still speak or be spoken of) name the rank. Faults are injected by
 ``--inject-fault 3:2:KIND``: rank 3, a worker in every strategy at 4 ranks as 2x2, at its
-second step.
+second step; and ``0:2:KIND`` on the server of ``asgd`` at 3 ranks, as it starts serving
+its second epoch.
 """
 
 import os
@@ -11,16 +12,18 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from spmd import ROOT
 from test_train_cli import train
 
-from minidp import strategies
+from minidp import faults, strategies
 
 TIMEOUT_S = 5  # --comm-timeout of these runs (start-up skew on 2 loaded cores stays below)
 MARGIN_S = 25  # start-up, the first epoch's compile-free work, MPICH tearing down
 SMALL = ["--epochs", "1", "--train-samples", "800", "--test-samples", "200",
-         "--ranks-per-node", "2", "--comm-timeout", str(TIMEOUT_S)]
+         "--comm-timeout", str(TIMEOUT_S)]
+NODES = ["--ranks-per-node", "2"]
 DASO = ["--set", "daso.warmup_epochs=0", "--set", "daso.cooldown_epochs=0"]
 
 
@@ -49,22 +52,62 @@ CASES = [(s, k) for i, s in enumerate(strategies.names()) for k in KINDS
          if FULL or k == KINDS[i % len(KINDS)]]
 
 
-@pytest.mark.parametrize("strategy, kind", CASES)
-def test_a_failed_worker_ends_the_job_naming_it(tmp_path, data_dir, strategy, kind):
-    args = SMALL + ["--strategy", strategy, "--out", str(tmp_path / "run"),
-                    "--inject-fault", f"3:2:{kind}"] + (DASO if strategy == "daso" else [])
-    launch = train(args, 4, data_dir, timeout=TIMEOUT_S + MARGIN_S + 30)
+def assert_ended_naming(launch, rank, kind, step, case):
+    """The job ended on its own, non-zero, in time, and named ``rank``.
+
+    Prints one row of the fault matrix (``pytest -rP`` shows it; docs/reliability.md).
+    """
     assert not launch.killed, launch.output  # ended on its own, not by the test's watchdog
     assert launch.returncode not in (0, None), launch.output
     assert launch.seconds < TIMEOUT_S + MARGIN_S, launch.output
+    peer_lost = re.search(rf"PeerLost: rank \d+: .* MPI failed with rank\(s\) (\d+, )*{rank}\b",
+                          launch.output)
     if kind == "raise":
-        assert "rank 3: injected fault 'raise' at step 2" in launch.output
-        assert "uncaught RuntimeError on rank 3" in launch.output
+        assert f"rank {rank}: injected fault 'raise' at step {step}" in launch.output
+        assert f"uncaught RuntimeError on rank {rank}" in launch.output
+        named = "its own traceback"
     elif kind == "hang":
-        assert re.search(rf"waited {TIMEOUT_S} s \(MINIDP_COMM_TIMEOUT\).*rank 3", launch.output), \
-            launch.output
+        assert re.search(rf"waited {TIMEOUT_S} s \(MINIDP_COMM_TIMEOUT\).*rank {rank}",
+                         launch.output), launch.output
+        named = "CommTimeout of the others"
     else:
         # MPICH's launcher ends the others, unless a peer's failed transfer ends it first
-        assert ("Killed (signal 9)" in launch.output or
-                re.search(r"PeerLost: rank \d+: .* MPI failed with rank\(s\) (\d+, )*3\b",
-                          launch.output)), launch.output
+        assert "Killed (signal 9)" in launch.output or peer_lost, launch.output
+        named = "PeerLost of a peer" if peer_lost else "launcher: Killed (signal 9), by pid"
+    print(f"fault matrix: {case} | {kind} | {launch.seconds:.1f} s | {named} | "
+          f"exit {launch.returncode}")
+
+
+@pytest.mark.parametrize("strategy, kind", CASES)
+def test_a_failed_worker_ends_the_job_naming_it(tmp_path, data_dir, strategy, kind):
+    args = SMALL + NODES + ["--strategy", strategy, "--out", str(tmp_path / "run"),
+                    "--inject-fault", f"3:2:{kind}"] + (DASO if strategy == "daso" else [])
+    launch = train(args, 4, data_dir, timeout=TIMEOUT_S + MARGIN_S + 30)
+    assert_ended_naming(launch, 3, kind, 2, f"{strategy} (rank 3, a worker)")
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if FULL or k == "raise"])
+def test_a_failed_server_ends_the_job_naming_it(tmp_path, data_dir, kind):
+    args = SMALL + ["--epochs", "2", "--train-samples", "192", "--strategy", "asgd", "--out",
+                    str(tmp_path / "run"), "--inject-fault", f"0:2:{kind}"]
+    launch = train(args, 3, data_dir, timeout=TIMEOUT_S + MARGIN_S + 30)
+    assert_ended_naming(launch, 0, kind, 2, "asgd (rank 0, the server)")
+    assert "epoch 1/2" in launch.output  # the server served the first epoch
+    if kind == "raise":
+        assert "(a server: the start of serving epoch 2)" in launch.output
+
+
+def test_faults_a_server_cannot_have_are_refused_on_every_rank():
+    for rank in (0, 2):
+        with pytest.raises(ValueError, match=r"--inject-fault: '0:3:nan': rank 0 is a server, "
+                                             r"which computes no gradient; allowed on a server: "
+                                             r"raise, exit, kill, hang, sigterm, sigusr1, "
+                                             r"kill-in-save"):
+            faults.Injector(faults.parse("0:3:nan"), rank, 3, servers=(0,))
+    injector = faults.Injector(faults.parse("1:3:slow,0:2:raise"), 1, 3, servers=(0,))
+    injector.at_serve(3)  # rank 1's fault fires at its steps, not at a serve
+    injector.at_step(3, np.zeros(1))
+    assert injector.slow == faults.SLOW_FACTOR
+    with pytest.raises(RuntimeError, match=r"rank 0: injected fault 'raise' at step 2 \(a "
+                                           r"server: the start of serving epoch 2\)"):
+        faults.Injector(faults.parse("0:2:raise"), 0, 3, servers=(0,)).at_serve(2)

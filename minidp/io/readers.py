@@ -23,7 +23,9 @@ Data order is a function of (seed, epoch) only.
   record at a time with ``File.Read_at`` at scattered offsets. Kept to be measured against.
 
 Every rank validates the header; errors (bad file, too few samples, a bad batch size)
-are raised identically on every rank, so nothing hangs. Every collective step (open,
+are raised identically on every rank, so nothing hangs. :func:`verify_checksum` checks
+a file's payload collectively (each rank its block); a run does it when it opens its
+files (:mod:`minidp.io.training_data`) unless ``--no-verify``. Every collective step (open,
 read, close, fence) goes through :mod:`minidp.comm.guard`, so a rank that never comes
 is named after the timeout.
 """
@@ -38,14 +40,51 @@ from mpi4py import MPI
 from minidp import backend
 from minidp.comm import guard
 from minidp.comm.topology import Topology
-from minidp.io.mdp import HEADER_SIZE, Header, add_checksums, checksum, decode, read_header
+from minidp.io.mdp import (
+    HEADER_SIZE,
+    Header,
+    add_checksums,
+    checksum,
+    checksum_mismatch,
+    decode,
+    read_header,
+)
 
 READERS = ("memory", "mpiio", "leader", "strided")
+VERIFY_PIECE = 16 << 20  # bytes read and summed at a time by verify_checksum
 
 
 def block_range(block: int, blocks: int, count: int) -> tuple[int, int]:
     """Records [start, stop) of contiguous block ``block`` of ``blocks`` over ``count``."""
     return block * count // blocks, (block + 1) * count // blocks
+
+
+def verify_checksum(path: str, header: Header, comm: MPI.Comm) -> None:
+    """Collectively check a file's payload checksum: each rank sums its block, sums combine.
+
+    Rank r reads block r of ``comm.size`` contiguous blocks (all of the file's records,
+    whatever a run's sample limit), in pieces of :data:`VERIFY_PIECE` bytes so memory
+    stays bounded; the partial sums are gathered, so every rank compares the same total
+    with the header and raises the same error.
+
+    Raises:
+        ValueError: on every rank of ``comm``: the checksum differs (the message names the
+            file and the byte range, :func:`minidp.io.mdp.checksum_mismatch`).
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    start, stop = block_range(rank, size, header.count)
+    first, last = start * header.record_size, stop * header.record_size  # payload positions
+    mine = (0, 0)
+    with open(path, "rb") as f:
+        f.seek(HEADER_SIZE + first)
+        for a in range(first, last, VERIFY_PIECE):
+            piece = np.frombuffer(f.read(min(VERIFY_PIECE, last - a)), np.uint8)
+            mine = add_checksums(mine, checksum(piece, a))
+    total = (0, 0)
+    for part in guard.allgather_object(comm, mine, "dataset checksum"):
+        total = add_checksums(total, part)
+    if total != header.checksum:
+        raise ValueError(f"rank {rank}: {checksum_mismatch(path, header, total)}")
 
 
 def epoch_rng(seed: int, epoch: int, rank: int = 0) -> np.random.Generator:
@@ -141,19 +180,8 @@ class Reader(abc.ABC):
         return batches[:, self.rank].reshape(-1)
 
     def verify(self) -> None:
-        """Collectively check the payload checksum: each rank sums its block, sums combine."""
-        start, stop = block_range(self.rank, self.size, self.header.count)
-        rs = self.header.record_size
-        with open(self.path, "rb") as f:
-            f.seek(HEADER_SIZE + start * rs)
-            mine = checksum(np.frombuffer(f.read((stop - start) * rs), np.uint8), start * rs)
-        parts = guard.allgather_object(self.comm, mine, "dataset checksum")
-        total = (0, 0)
-        for part in parts:
-            total = add_checksums(total, part)
-        if total != self.header.checksum:
-            raise ValueError(f"rank {self.rank}: dataset file '{self.path}': checksum "
-                             "mismatch, the payload is corrupt")
+        """Collectively check the payload checksum (:func:`verify_checksum` over ``comm``)."""
+        verify_checksum(self.path, self.header, self.comm)
 
 
 class MemoryReader(Reader):

@@ -3,6 +3,12 @@
 The training file is read by the workers only (a server rank takes no samples): the
 reader splits it over ``topology.workers``. The test file is split over the whole world,
 so every rank, servers included, evaluates a contiguous block and the sums are reduced.
+
+Both files' checksums are verified when they are opened (unless ``--no-verify``), over
+the whole world, servers included: every rank then reaches the same verdict, and a
+corrupt file is one error, the same on every rank (exit 2), instead of a run that trains
+on it without a word. The cost is one read of each file, split over the ranks
+(docs/reliability.md gives it).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import numpy as np
 from minidp.comm import Topology, guard
 from minidp.io.mdp import Header, decode, read_header
 from minidp.io.prepare import dataset_paths, prepare_dataset
-from minidp.io.readers import LeaderReader, MPIIOReader, Reader, open_reader
+from minidp.io.readers import LeaderReader, MPIIOReader, Reader, open_reader, verify_checksum
 
 
 @dataclasses.dataclass
@@ -47,12 +53,15 @@ def prepare_on_rank0(dataset: str, data_dir: str, topology: Topology) -> tuple[s
 
 def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
                        train_samples: int | None, test_samples: int | None,
-                       topology: Topology) -> TrainingData:
+                       topology: Topology, verify: bool = True) -> TrainingData:
     """Prepare (rank 0, if missing), check on every rank, and open the run's data.
+
+    ``verify``: check both files' payload checksums collectively (``--no-verify``: skip).
 
     Raises:
         FileNotFoundError: the files cannot be prepared, or some rank cannot read them
             (the message names those ranks: every rank must see the same ``data_dir``).
+        ValueError: on every rank: a checksum mismatch (the file and its byte range).
     """
     paths = prepare_on_rank0(dataset, data_dir, topology)
     problem = None
@@ -67,6 +76,9 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
                                 f"{', '.join(map(str, bad))}: {problems[bad[0]]}; every rank "
                                 "must read the same --data-dir (a shared file system)")
     train, test = paths
+    if verify:
+        for path, header in zip(paths, headers):
+            verify_checksum(path, header, topology.world)
     count = headers[0].count if train_samples is None else min(train_samples, headers[0].count)
     if count < topology.num_workers:
         raise ValueError(f"rank {topology.rank}: dataset file '{train}' has {count} samples, "

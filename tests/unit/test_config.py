@@ -37,12 +37,13 @@ def test_toml_file_with_flags_overriding(tmp_path):
     ("net_latency_us = inf\n", "--net-latency-us: got inf, allowed: a finite number >= 0"),
     ('resume = true\n', "resume: got True (bool), allowed: a string"),
     ("[daso]\nk = 1\n", "table [daso] holds options of 'daso', but the strategy is 'sync'"),
-    ("[nope]\nk = 1\n", "strategy: got 'nope', allowed: sync, hsgd, hbsgd, daso"),
+    ("[nope]\nk = 1\n", "table [nope]: strategy: got 'nope', allowed: sync, hsgd, hbsgd, daso"),
+    (b"lr = '\xff'\n", "not valid TOML: 'utf-8' codec can't decode byte 0xff"),
     ("epochs = \n", "not valid TOML"),
 ])
 def test_bad_toml(tmp_path, text, message):
     path = tmp_path / "bad.toml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises((ValueError, TypeError), match=re.escape(message)):
         parse(["--config", str(path)])
 
@@ -85,6 +86,13 @@ def test_one_type_check_for_toml_and_code(tmp_path):
         TrainConfig(seed=1.5).check()
     with pytest.raises(TypeError, match="--nesterov: got 'no' \\(str\\), allowed: a bool"):
         TrainConfig(nesterov="no").check()
+
+
+def test_no_verify_flag_and_toml_key(tmp_path):
+    assert (parse([]).verify, parse(["--no-verify"]).verify) == (True, False)
+    path = tmp_path / "run.toml"
+    path.write_text("verify = false\n")
+    assert parse(["--config", str(path)]).verify is False
 
 
 def test_resume_flag_values():

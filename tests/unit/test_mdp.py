@@ -91,6 +91,65 @@ def test_checksum_mismatch(tmp_path, arrays):
         mdp.read_mdp(path)
 
 
+def test_checksum_mismatch_names_the_byte_range_and_a_single_changed_byte(tmp_path, arrays):
+    path = write(tmp_path, arrays)
+    end, old = os.path.getsize(path), open(path, "rb").read()[228]
+    patch(path, mdp.HEADER_SIZE + 100, bytes([old ^ 0x10]))
+    with pytest.raises(ValueError) as refused:
+        mdp.read_mdp(path)
+    delta = f"{(old ^ 0x10) - old:+d}"
+    assert str(refused.value) == (
+        f"dataset file '{path}': checksum mismatch over payload bytes 128 to {end} (the 37 "
+        f"records): the payload is corrupt; if a single byte changed, it is the one at file "
+        f"offset 228 (record 4), by {delta}; prepare the file again")
+    patch(path, mdp.HEADER_SIZE + 300, b"\x00\x00\x00")  # several bytes: the range only
+    with pytest.raises(ValueError, match=rf"over payload bytes 128 to {end} \(the 37 records\): "
+                                         r"the payload is corrupt; (if a single|prepare)"):
+        mdp.read_mdp(path)
+
+
+def test_collective_verification_reads_in_pieces_and_names_the_range(tmp_path, arrays,
+                                                                     monkeypatch):
+    from mpi4py import MPI
+
+    from minidp.io import readers
+
+    path = write(tmp_path, arrays)
+    header = mdp.read_header(path)
+    monkeypatch.setattr(readers, "VERIFY_PIECE", 7)  # 851 payload bytes in 122 pieces
+    readers.verify_checksum(path, header, MPI.COMM_WORLD)
+    patch(path, mdp.HEADER_SIZE + 850, b"\xff")  # the last label's high byte, 0 before
+    with pytest.raises(ValueError, match=rf"^rank 0: dataset file '{path}': checksum mismatch "
+                                         r"over payload bytes 128 to 979 \(the 37 records\).*"
+                                         r"file offset 978 \(record 36\)"):
+        readers.verify_checksum(path, header, MPI.COMM_WORLD)
+
+
+@pytest.mark.parametrize("offset, value, message", [
+    # dims that claim 4 * (2**32 - 1) bytes per record: refused before NumPy sees the shape
+    (36, b"\xff" * 12, r"record size 23 disagrees with shape \(4294967295, 4294967295, "
+                        r"4294967295\) of uint8 plus a int64 label \(79228162458924105385300197383 "
+                        r"bytes\)"),
+    (16, (2 ** 60).to_bytes(8, "little"), r"is truncated: the header counts 1152921504606846976 "
+                                          r"records of 23 bytes"),
+    (52, b"|O8\0\0\0\0\0", r"sample dtype '\|O8' at offset 52, allowed: a NumPy number dtype "
+                             r"string of kind bool, int, uint, float, complex"),
+    (60, b"<f8\0\0\0\0\0", r"label dtype '<f8' at offset 60, allowed: .* of kind int, uint"),
+    (52, b"i4,i4\0\0\0", r"sample dtype 'i4,i4' at offset 52"),
+    (52, b"\xff\xfe<f3\0\0\0", r"sample dtype '\ufffd\ufffd<f3' at offset 52"),
+    (32, (5).to_bytes(4, "little"), r"sample ndim 5 at offset 32, allowed: 0 to 4"),
+    (44, (0).to_bytes(4, "little"), r"sample shape \(1, 5, 0, 0\) at offset 36 for ndim 3, "
+                                    r"allowed: 3 dims >= 1, then zeros"),
+    (68, bytes(4), r"number of classes 0 at offset 68, allowed: >= 1"),
+])
+def test_header_fields_are_checked_before_anything_is_allocated(tmp_path, arrays, offset, value,
+                                                                message):
+    path = write(tmp_path, arrays)
+    patch(path, offset, value)
+    with pytest.raises(ValueError, match=rf"dataset file '.*d.mdp'.*{message}"):
+        mdp.read_header(path)
+
+
 def test_missing_file():
     with pytest.raises(FileNotFoundError, match="'/nonexistent.mdp' does not exist"):
         mdp.read_header("/nonexistent.mdp")
