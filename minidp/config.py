@@ -80,6 +80,7 @@ class TrainConfig:
     verify: bool = True
     slowdown: str | None = None
     inject_fault: str | None = None
+    explain: int = 0
 
     def slowdowns(self) -> dict[int, float]:
         """``--slowdown "1:3,2:1.5"`` as {rank: factor}; empty when not given."""
@@ -132,7 +133,7 @@ class TrainConfig:
                 _positive(name, getattr(self, name))
         if self.batch_size is not None and self.global_batch_size is not None:
             raise ValueError("--batch-size and --global-batch-size: give one of them, not both")
-        for name in ("checkpoint_every", "warmup_epochs", "seed"):
+        for name in ("checkpoint_every", "warmup_epochs", "seed", "explain"):
             _positive(name, getattr(self, name), minimum=0)
         for name in ("lr", "trust_coefficient"):
             _number(name, getattr(self, name), lambda v: v > 0, "a finite number > 0")
@@ -226,6 +227,8 @@ HELP = {
     "(stragglers on one machine)",
     "inject_fault": f"RANK:STEP:KIND[,...]: a fault at that rank's STEP-th step, KIND one of "
     f"{', '.join(faults.KINDS)} (tests, teaching)",
+    "explain": "print every communication of each rank's first N steps, with the "
+    "strategy's docstring (also MINIDP_EXPLAIN=N)",
 }
 
 

@@ -22,7 +22,7 @@ from minidp.trace import PHASES
 
 # Settings that never make two runs differ in a way a reader compares.
 NOT_SETTINGS = ("out", "data_dir", "progress", "verify", "overwrite", "resume", "checkpoint_every",
-                "comm_timeout", "inject_fault")
+                "comm_timeout", "inject_fault", "explain")
 COMM_PHASES = ("comm_intra", "comm_inter", "wait")
 
 

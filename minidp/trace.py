@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PHASES = ("data", "forward", "backward", "comm_intra", "comm_inter", "wait", "optimizer")
@@ -28,6 +28,8 @@ class Tracer:
         self.seconds: dict[str, float] = defaultdict(float)
         self.counters: dict[str, int] = defaultdict(int)
         self.events: list[dict[str, Any]] = []
+        # Called with every event as it ends (``--explain`` prints them); None: nobody.
+        self.listener: Callable[[dict[str, Any]], None] | None = None
 
     @contextlib.contextmanager
     def phase(self, name: str, **args: Any) -> Iterator[None]:
@@ -38,18 +40,21 @@ class Tracer:
         finally:
             end = time.perf_counter()
             self.seconds[name] += end - start
-            # Long runs keep their first max_events events: the trace stays loadable.
-            if self.record_events and len(self.events) < self.max_events:
-                self.events.append({"name": name, "ph": "X", "pid": self.rank, "tid": 0,
-                                    "ts": (start - self.origin) * 1e6,
-                                    "dur": (end - start) * 1e6, "args": args})
+            self._record({"name": name, "ph": "X", "pid": self.rank, "tid": 0,
+                          "ts": (start - self.origin) * 1e6, "dur": (end - start) * 1e6,
+                          "args": args})
 
     def mark(self, name: str, **args: Any) -> None:
         """Record an instant event: a decision at one moment, its numbers in ``args``."""
+        self._record({"name": name, "ph": "i", "s": "t", "pid": self.rank, "tid": 0,
+                      "ts": (time.perf_counter() - self.origin) * 1e6, "args": args})
+
+    def _record(self, event: dict[str, Any]) -> None:
+        # Long runs keep their first max_events events: the trace stays loadable.
         if self.record_events and len(self.events) < self.max_events:
-            self.events.append({"name": name, "ph": "i", "s": "t", "pid": self.rank, "tid": 0,
-                                "ts": (time.perf_counter() - self.origin) * 1e6,
-                                "args": args})
+            self.events.append(event)
+        if self.listener is not None:
+            self.listener(event)
 
     def count(self, name: str, amount: int = 1) -> None:
         """Add to a counter (e.g. ``bytes_inter``)."""

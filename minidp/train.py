@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -43,6 +42,7 @@ from minidp.comm import (
     world_max,
 )
 from minidp.config import TrainConfig
+from minidp.console import Explainer, Progress, explain_steps
 from minidp.io.datasets import NORMALIZATION, normalize
 from minidp.io.readers import epoch_rng
 from minidp.io.training_data import open_training_data
@@ -75,6 +75,9 @@ class Trainer:
         self.rank, self.size, self.is_worker = t.rank, t.size, t.role == "worker"
         set_network_model(NetworkModel(c.net_latency_us, c.net_bandwidth_gbps))
         self.tracer = set_tracer(Tracer(self.rank))
+        explained = explain_steps(c.explain)
+        if explained:  # before the strategy exists: its first broadcast is step 0
+            self.tracer.listener = Explainer(t, explained)
         self.batch_size = c.per_worker_batch(t.num_workers)
         self.data = open_training_data(c.dataset, c.data_dir, c.reader, c.seed, c.train_samples,
                                        c.test_samples, t, verify=c.verify)
@@ -87,12 +90,16 @@ class Trainer:
         self.dtype = np.dtype(c.dtype)
         self.model = self._build_model()
         self.optimizer = self._build_optimizer()
+        if explained and self.rank == 0:
+            Explainer.introduce(strategies.strategy_class(c.strategy))
         self.strategy = strategies.get(c.strategy, self.model, self.optimizer, t,
                                        allreduce=c.allreduce, **c.options)
         schedule = self._schedule()
         self.strategy.plan(c.epochs, self.batch_size, schedule)
         self.scheduler = LRScheduler(self.optimizer, schedule)
         self.slowdown = c.slowdowns().get(self.rank, 1.0)
+        self.progress = Progress(self.rank, t.worker_ranks[0], c.progress, c.epochs,
+                                 self.batches)
         self.injector = faults.Injector(faults.parse(c.inject_fault), self.rank, self.size,
                                         tuple(t.server_ranks))
         self.history: list[dict[str, Any]] = []
@@ -171,7 +178,7 @@ class Trainer:
             self.history.append(metrics)
             self.files.append_metrics(metrics)
             if self.rank == 0:
-                self._print_epoch(metrics)
+                self.progress.epoch_done(metrics)
             done = epoch + 1
             signalled = metrics.pop("stop_signal") and done < c.epochs
             stop = bool(c.stop_after) and done - start >= c.stop_after and done < c.epochs
@@ -284,7 +291,7 @@ class Trainer:
                 raise FloatingPointError(f"rank {self.rank}: training loss is {value} at epoch "
                                          f"{epoch + 1}, step {steps}; lower --lr")
             loss_sum, steps, samples = loss_sum + value, steps + 1, samples + n
-            self._progress(epoch, steps)
+            self.progress.step(epoch, steps, value)
             if self.stop.between_batches and self.stop.poll():
                 self.partial = {"batch": steps, "loss_sum": loss_sum, "steps": steps,
                                 "samples": samples}
@@ -326,22 +333,6 @@ class Trainer:
         return float(total[0] / total[2]), float(total[1] / total[2])
 
     # -- output ---------------------------------------------------------------------------
-
-    def _progress(self, epoch: int, steps: int) -> None:
-        if self.rank != self.topology.worker_ranks[0] or not self.config.progress or \
-                not sys.stderr.isatty():
-            return
-        done = min(steps / max(self.batches, 1), 1.0)
-        sys.stderr.write(f"\repoch {epoch + 1}/{self.config.epochs} "
-                         f"[{'#' * int(30 * done):<30}] {steps}/{self.batches}")
-        sys.stderr.flush()
-
-    def _print_epoch(self, m: dict[str, Any]) -> None:
-        if self.config.progress and sys.stderr.isatty():
-            sys.stderr.write("\r" + " " * 60 + "\r")
-        print(f"epoch {m['epoch']}/{self.config.epochs}: train loss {m['train_loss']:.4f}  "
-              f"test loss {m['test_loss']:.4f}  test accuracy {m['test_accuracy']:.2%}  "
-              f"{m['wall_s']:.1f} s (communication {m['comm_s'] / m['wall_s']:.0%})", flush=True)
 
     @contextlib.contextmanager
     def _consensus_parameters(self) -> Iterator[None]:
