@@ -175,11 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--data-dir", default="data", help="where source files are looked for")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
     prep.set_defaults(run=data_prepare)
-    from minidp import compare, reports
+    from minidp import compare, reports, simulate
 
     reports.add_arguments(sub.add_parser("report", help="report.md and plots of runs"))
     compare.add_arguments(sub.add_parser("compare", help="train several strategies alike, "
                                          "then report"))
+    simulate.add_arguments(sub.add_parser(
+        "simulate", help="predicted epoch time and communication share at cluster scale"
+    )).set_defaults(run=simulate.run)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
