@@ -176,11 +176,12 @@ def predict(cluster: Cluster, strategies: dict[str, dict], samples: int, batch: 
             epochs.append(daso_epoch(cluster, batches, nbytes, itemsize, (0, 0, 0), weight))
             warmup = options["warmup_epochs"]
             if warmup and cluster.nodes > 1:  # warm-up 0: Heat's schedule never cycles
-                schedule = DASOSchedule(
-                    warmup + options["cooldown_epochs"] + 1, warmup, options["cooldown_epochs"],
-                    options["max_global_skips"], options["skip_reduction_factor"],
-                    options["local_skip_factor"], options["stability_level"],
-                    options["patience"])
+                # the values DASO's own schedule sets for the first epoch after warm-up
+                names = ("warmup_epochs", "cooldown_epochs", "max_global_skips",
+                         "skip_reduction_factor", "local_skip_factor", "stability_level",
+                         "patience")
+                schedule = DASOSchedule(warmup + options["cooldown_epochs"] + 1,
+                                        **{n: options[n] for n in names})
                 cycle = schedule.update(warmup, 1.0)
                 epochs.append(daso_epoch(cluster, batches, nbytes, itemsize, cycle, weight))
     return epochs
@@ -248,25 +249,25 @@ def setup(args: argparse.Namespace) -> Setup:
     if args.validate and len(nodes) > 1:
         raise ValueError(f"--nodes: got {args.nodes!r} with --validate, allowed: one P (the "
                          "virtual nodes of a run on this machine)")
-    model = build_model(args.model, args.dataset, args.dtype)
-    params, itemsize = model.flat_parameters().size, np.dtype(args.dtype).itemsize
-    step_s = (args.step_ms / 1e3 if args.step_ms else
-              measure_step(model, args.dataset, args.batch_size, args.measure_steps))
-    byte_s = 1 / (args.mem_gbps * 1e9) if args.mem_gbps else measure_sweep(params * itemsize)
-    cores = args.cores_per_node or args.ranks_per_node
-    if args.validate:
-        from minidp.simulate_validate import node_cores
-
-        cores = len(node_cores(nodes[0], args.cores_per_node)[0])
-    share = max(1.0, args.ranks_per_node / cores)
-    sync_us = SYNC_US + (1 - 1 / share) * SLICE_US if args.sync_us is None else args.sync_us
-    node = Node(step_s, byte_s, sync_us * 1e-6, args.ranks_per_node, cores)
-    network = NetworkModel(args.net_latency_us, args.net_bandwidth_gbps)
     rule = "emulated" if args.validate else args.network_rule
     if args.links_per_node is not None and rule == "emulated":
         raise ValueError(f"--links-per-node: got {args.links_per_node:g} with the emulated "
                          "rule, allowed: only with --network-rule mpich (minidp's network "
                          "model gives each rank its own link)")
+    cores = args.cores_per_node or args.ranks_per_node
+    if args.validate:
+        from minidp.simulate_validate import node_cores
+
+        cores = len(node_cores(nodes[0], args.cores_per_node)[0])
+    model = build_model(args.model, args.dataset, args.dtype)
+    params, itemsize = model.flat_parameters().size, np.dtype(args.dtype).itemsize
+    step_s = (args.step_ms / 1e3 if args.step_ms else
+              measure_step(model, args.dataset, args.batch_size, args.measure_steps))
+    byte_s = 1 / (args.mem_gbps * 1e9) if args.mem_gbps else measure_sweep(params * itemsize)
+    share = max(1.0, args.ranks_per_node / cores)
+    sync_us = SYNC_US + (1 - 1 / share) * SLICE_US if args.sync_us is None else args.sync_us
+    node = Node(step_s, byte_s, sync_us * 1e-6, args.ranks_per_node, cores)
+    network = NetworkModel(args.net_latency_us, args.net_bandwidth_gbps)
     return Setup(nodes, strategies, node, network, rule, args.links_per_node,
                  args.samples or DATASETS[args.dataset][1], params, itemsize)
 

@@ -5,6 +5,8 @@ reference otherwise (CuPy arrays, ``NUMBA_DISABLE_JIT=1``). See :mod:`.jit` for 
 compilation is serialised per node.
 """
 
+from minidp.kernels import winograd
+from minidp.kernels.batchnorm import batchnorm_backward, batchnorm_forward
 from minidp.kernels.elementwise import relu_backward, sgd_update
 from minidp.kernels.jit import ensure_compiled, jit_enabled, use_kernels
 from minidp.kernels.pooling import (
@@ -16,7 +18,7 @@ from minidp.kernels.pooling import (
 from minidp.kernels.unfold import col2im, im2col, output_size
 
 __all__ = [
-    "avgpool_backward", "avgpool_forward", "col2im", "ensure_compiled", "im2col",
-    "jit_enabled", "maxpool_backward", "maxpool_forward", "output_size", "relu_backward",
-    "sgd_update", "use_kernels",
+    "avgpool_backward", "avgpool_forward", "batchnorm_backward", "batchnorm_forward", "col2im",
+    "ensure_compiled", "im2col", "jit_enabled", "maxpool_backward", "maxpool_forward",
+    "output_size", "relu_backward", "sgd_update", "use_kernels", "winograd",
 ]

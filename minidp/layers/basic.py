@@ -75,13 +75,24 @@ class BatchNorm2d(Module):
 
     def forward(self, x: Any) -> Any:
         """Normalise with batch statistics (training) or running statistics (eval)."""
+        self._check(x)
+        return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                              training=self.training, momentum=self.momentum, eps=self.eps)
+
+    def forward_relu(self, x: Any, residual: Any = None) -> Any:
+        """``relu(self(x) + residual)`` in one fused op (a ResNet block's tail)."""
+        self._check(x)
+        return ops.batch_norm_relu(x, self.running_mean, self.running_var, self.weight,
+                                   self.bias, residual, training=self.training,
+                                   momentum=self.momentum, eps=self.eps)
+
+    def _check(self, x: Any) -> None:
+        """Refuse a wrong shape; count a training batch (PyTorch's num_batches_tracked)."""
         if x.ndim != 4 or x.shape[1] != self.num_features:
             raise ValueError(f"expected input of shape (N, {self.num_features}, H, W), "
                              f"got {x.shape}")
         if self.training:
             self.num_batches_tracked += 1
-        return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                              training=self.training, momentum=self.momentum, eps=self.eps)
 
     def extra_repr(self) -> str:
         """Constructor arguments."""

@@ -100,11 +100,10 @@ class BasicBlock(Module):
                                          BatchNorm2d(planes))
 
     def forward(self, x: Any) -> Any:
-        """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))."""
-        out = ops.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
+        """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), each relu fused into its BN."""
+        out = self.bn1.forward_relu(self.conv1(x))
         shortcut = x if self.downsample is None else self.downsample(x)
-        return ops.relu(out + shortcut)
+        return self.bn2.forward_relu(self.conv2(out), residual=shortcut)
 
 
 class ResNet20(Module):
@@ -130,7 +129,7 @@ class ResNet20(Module):
 
     def forward(self, x: Any) -> Any:
         """Class scores of a (N, C, 32, 32) batch."""
-        out = ops.relu(self.bn1(self.conv1(x)))
+        out = self.bn1.forward_relu(self.conv1(x))
         out = self.layer3(self.layer2(self.layer1(out)))
         return self.fc(ops.flatten(self.avgpool(out), 1))
 

@@ -165,11 +165,18 @@ def batch_norm(x: Any, running_mean: Any = None, running_var: Any = None, weight
                bias: Any = None, training: bool = True, momentum: float = 0.1,
                eps: float = 1e-5) -> Any:
     """Batch normalisation over all axes but 1 (PyTorch's argument order)."""
-    options = dict(running_mean=_raw(running_mean), running_var=_raw(running_var),
-                   training=training, momentum=momentum, eps=eps)
-    if weight is None and bias is None:
-        return BatchNorm.apply(x, **options)
-    return BatchNorm.apply(x, weight, bias, **options)
+    return BatchNorm.apply(x, weight, bias, running_mean=_raw(running_mean),
+                           running_var=_raw(running_var), training=training,
+                           momentum=momentum, eps=eps)
+
+
+def batch_norm_relu(x: Any, running_mean: Any = None, running_var: Any = None,
+                    weight: Any = None, bias: Any = None, residual: Any = None,
+                    training: bool = True, momentum: float = 0.1, eps: float = 1e-5) -> Any:
+    """``relu(batch_norm(x) + residual)`` as one fused op (a ResNet's BN, add and relu)."""
+    return BatchNorm.apply(x, weight, bias, residual, running_mean=_raw(running_mean),
+                           running_var=_raw(running_var), training=training,
+                           momentum=momentum, eps=eps, relu=True)
 
 
 def dropout(x: Any, p: float = 0.5, training: bool = True, rng: Any = None) -> Any:

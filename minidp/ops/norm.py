@@ -1,9 +1,15 @@
-"""Batch normalisation (training and inference) and dropout: the ops that depend on mode.
+"""Batch normalisation (training and inference), fused with a residual add and a relu; dropout.
 
 Batch norm normalises over every axis but the channel axis 1 ((N, C) or (N, C, H, W)).
 In training it uses the batch's biased variance and updates the running statistics
 in place as PyTorch does (``running = (1 - momentum) * running + momentum * batch``,
 with the *unbiased* variance); in inference it uses the running statistics.
+
+A ResNet follows every batch norm by a relu, and the last of each block by the
+residual add first: ``relu(bn(x) + residual)`` is one op here (``relu=True`` and an
+optional ``residual`` input), computed by the fused kernels of
+:mod:`minidp.kernels.batchnorm`. Backward needs x, the output (the relu's gate) and
+the per-channel statistics; the normalised input is recomputed, never stored.
 """
 
 from __future__ import annotations
@@ -12,18 +18,15 @@ from typing import Any
 
 from minidp.backend import array_module
 from minidp.function import Function
-
-
-def _channel_view(a: Any, ndim: int) -> Any:
-    return a.reshape((1, -1) + (1,) * (ndim - 2))
+from minidp.kernels import batchnorm_backward, batchnorm_forward
 
 
 class BatchNorm(Function):
-    """y = (x - mean) / sqrt(var + eps) * weight + bias, per channel."""
+    """y = relu?((x - mean) / sqrt(var + eps) * weight + bias + residual?), per channel."""
 
-    def forward(self, x: Any, weight: Any = None, bias: Any = None, running_mean: Any = None,
-                running_var: Any = None, training: bool = True, momentum: float = 0.1,
-                eps: float = 1e-5) -> Any:
+    def forward(self, x: Any, weight: Any = None, bias: Any = None, residual: Any = None,
+                running_mean: Any = None, running_var: Any = None, training: bool = True,
+                momentum: float = 0.1, eps: float = 1e-5, relu: bool = False) -> Any:
         if x.ndim not in (2, 4):
             raise ValueError(f"batch_norm: input must be (N, C) or (N, C, H, W), got {x.shape}")
         c = x.shape[1]
@@ -31,47 +34,48 @@ class BatchNorm(Function):
                         ("running_var", running_var)):
             if a is not None and a.shape != (c,):
                 raise ValueError(f"batch_norm: {name} shape {a.shape} must be ({c},)")
+        if residual is not None and residual.shape != x.shape:
+            raise ValueError(f"batch_norm: residual shape {residual.shape} must be the input's "
+                             f"{x.shape}")
         xp = array_module(x, weight, running_mean)
-        axes = (0,) if x.ndim == 2 else (0, 2, 3)
-        self.count = x.size // c
+        x3 = xp.ascontiguousarray(x).reshape(x.shape[0], c, -1)  # (N, C, L)
+        count = x3.shape[0] * x3.shape[2]
         if training:
-            if self.count < 2:
+            if count < 2:
                 raise ValueError(f"batch_norm: training needs more than one value per channel, "
                                  f"got input shape {x.shape}")
-            mean = x.mean(axis=axes)
-            centred = x - _channel_view(mean, x.ndim)
-            var = (centred * centred).mean(axis=axes)
-            if running_mean is not None:
-                running_mean *= 1 - momentum
-                running_mean += momentum * mean
-            if running_var is not None:
-                running_var *= 1 - momentum
-                running_var += momentum * var * (self.count / (self.count - 1))
+            mean, var = xp.empty(c), xp.empty(c)
         else:
             if running_mean is None or running_var is None:
                 raise ValueError("batch_norm: inference mode needs running_mean and running_var")
-            mean, var = running_mean, running_var
-            centred = x - _channel_view(mean, x.ndim)
-        self.training, self.axes, self.weight = training, axes, weight
-        self.inv_std = _channel_view(1 / xp.sqrt(var + eps), x.ndim)
-        self.xhat = centred * self.inv_std
-        out = self.xhat * _channel_view(weight, x.ndim) if weight is not None else self.xhat
-        return out + _channel_view(bias, x.ndim) if bias is not None else out
+            mean, var = running_mean.astype(float), running_var.astype(float)
+        self.weight = xp.ones(c, dtype=x.dtype) if weight is None else weight
+        shift = xp.zeros(c, dtype=x.dtype) if bias is None else bias
+        if residual is not None:
+            residual = xp.ascontiguousarray(residual).reshape(x3.shape)
+        out = batchnorm_forward(x3, self.weight, shift, residual, relu, training, eps, mean, var)
+        if training:
+            if running_mean is not None:
+                running_mean *= 1 - momentum
+                running_mean += (momentum * mean).astype(running_mean.dtype)
+            if running_var is not None:
+                running_var *= 1 - momentum
+                running_var += (momentum * var * (count / (count - 1))).astype(running_var.dtype)
+        self.x3, self.out, self.relu, self.training = x3, out, relu, training
+        self.mean, self.inv_std = mean, 1 / xp.sqrt(var + eps)
+        return out.reshape(x.shape)
 
     def backward(self, g: Any) -> tuple:
-        gw = (g * self.xhat).sum(axis=self.axes) if self.wants(1) else None
-        gb = g.sum(axis=self.axes) if self.wants(2) else None
-        gx = None
-        if self.wants(0):
-            dxhat = g * _channel_view(self.weight, g.ndim) if self.weight is not None else g
-            if self.training:
-                # d/dx of the batch statistics: remove the mean and the xhat component.
-                mean_d = dxhat.mean(axis=self.axes, keepdims=True)
-                mean_dx = (dxhat * self.xhat).mean(axis=self.axes, keepdims=True)
-                gx = (dxhat - mean_d - self.xhat * mean_dx) * self.inv_std
-            else:
-                gx = dxhat * self.inv_std
-        return gx, gw, gb
+        xp = array_module(g)
+        g3 = xp.ascontiguousarray(g).reshape(self.x3.shape)
+        gx, gw, gb, gr = batchnorm_backward(g3, self.x3, self.out, self.weight, self.mean,
+                                            self.inv_std, self.relu, self.training,
+                                            self.wants(0), self.wants(3))
+        dtype = self.x3.dtype
+        return (None if gx is None else gx.reshape(g.shape),
+                gw.astype(dtype) if self.wants(1) else None,
+                gb.astype(dtype) if self.wants(2) else None,
+                None if gr is None else gr.reshape(g.shape))
 
 
 class Dropout(Function):

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from minidp import Tensor
+from minidp import Tensor, ops
 from minidp import functional as F
+from minidp.ops import rowtap, winograd
 from minidp.testing import GradcheckError, gradcheck
 
 
@@ -122,6 +123,22 @@ def test_conv2d(stride, padding):
     assert gradcheck(lambda a, c: F.conv2d(a, c, stride=stride, padding=padding), [x, w])
 
 
+# which engine computes a "same" convolution: Winograd, row taps or im2col (the channel
+# thresholds of the first two set to 1 or out of reach)
+ENGINES = {"winograd": (1, 1), "rowtap": (10**9, 1), "im2col": (10**9, 10**9)}
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_conv2d_same_padding_by_each_engine(monkeypatch, engine):
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", ENGINES[engine][0])
+    monkeypatch.setattr(rowtap, "MIN_CHANNELS", ENGINES[engine][1])
+    # odd sizes: partial 2x2 Winograd tiles at the bottom and right edges
+    x, w, b = t((2, 3, 5, 4), 23), t((2, 3, 3, 3), 24), t((2,), 25)
+    assert gradcheck(lambda a, c, d: F.conv2d(a, c, d, padding=1), [x, w, b])
+    if engine != "winograd":  # Winograd is 3x3 only
+        assert gradcheck(lambda a, c: F.conv2d(a, c, padding=2), [x, t((2, 3, 5, 5), 26)])
+
+
 @pytest.mark.parametrize("pool", [F.max_pool2d, F.avg_pool2d])
 @pytest.mark.parametrize("kernel,stride", [(2, None), (3, 2), (2, 1), (3, 3)])
 def test_pooling_overlapping_and_not(pool, kernel, stride):
@@ -153,6 +170,20 @@ def test_batch_norm_running_statistics_follow_pytorch_rule():
     var = x.var(axis=(0, 2, 3), ddof=1)
     np.testing.assert_allclose(rm, 0.1 * mean)
     np.testing.assert_allclose(rv, 0.9 + 0.1 * var)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_relu_with_residual(training):
+    x, w, b, r = t((4, 3, 3, 2), 26), t((3,), 27), t((3,), 28), t((4, 3, 3, 2), 29)
+    rm, rv = np.zeros(3), np.ones(3)
+
+    def fn(a, weight, bias, res):
+        return ops.batch_norm_relu(a, rm.copy(), rv.copy(), weight, bias, res, training=training)
+
+    assert gradcheck(fn, [x, w, b, r])
+    fused = fn(x, w, b, r).data
+    unfused = (F.batch_norm(x, rm.copy(), rv.copy(), w, b, training=training) + r).relu().data
+    np.testing.assert_allclose(fused, unfused, atol=1e-12)
 
 
 def test_dropout_gradient_uses_the_same_mask():

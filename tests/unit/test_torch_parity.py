@@ -1,6 +1,11 @@
 """Outputs and gradients of every layer and model agree with PyTorch's for the same weights.
 
 Skipped when torch is not installed (``make torch`` installs the CPU build).
+
+ResNet-20 is compared in float64: in float32 the two frameworks round differently
+(Winograd against direct convolution), and a pre-activation within rounding of
+zero then passes one relu and not the other, which changes that sample's gradients
+by far more than any tolerance. In float64 no gate flips and the match is tight.
 """
 
 import numpy as np
@@ -27,7 +32,12 @@ CASES = {
                         (4, 2, 9, 9)),
     "batchnorm": (lambda: layers.Sequential(layers.Conv2d(2, 3, 3), layers.BatchNorm2d(3)),
                   lambda: nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3)), (4, 2, 6, 6)),
+    "conv_winograd": (lambda: layers.Conv2d(32, 8, 3, padding=1),  # odd sizes: partial tiles
+                      lambda: nn.Conv2d(32, 8, 3, padding=1), (3, 32, 9, 6)),
+    "conv_rowtap": (lambda: layers.Conv2d(16, 8, 3, padding=1),
+                    lambda: nn.Conv2d(16, 8, 3, padding=1), (3, 16, 9, 6)),
 }
+DOUBLE = {"resnet20"}
 
 
 def load_into_torch(tmodel, state):
@@ -40,9 +50,13 @@ def test_outputs_and_gradients_match_pytorch(name, mode):
     make, make_torch, shape = CASES[name]
     layers.manual_seed(1)
     model, tmodel = make(), make_torch()
+    dtype, tol = (np.float64, 1e-6) if name in DOUBLE else (np.float32, 1)
+    if name in DOUBLE:
+        model.to(dtype)
+        tmodel.double()
     load_into_torch(tmodel, model.state_dict())
     rng = np.random.default_rng(0)
-    x_np = rng.standard_normal(shape).astype(np.float32)
+    x_np = rng.standard_normal(shape).astype(dtype)
     getattr(model, mode)()
     getattr(tmodel, mode)()
 
@@ -50,20 +64,20 @@ def test_outputs_and_gradients_match_pytorch(name, mode):
     out = model(x)
     tx = torch.from_numpy(x_np.copy()).requires_grad_(True)
     tout = tmodel(tx)
-    np.testing.assert_allclose(out.data, tout.detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out.data, tout.detach().numpy(), rtol=1e-4 * tol, atol=1e-5 * tol)
 
-    g = rng.standard_normal(out.shape).astype(np.float32)
+    g = rng.standard_normal(out.shape).astype(dtype)
     out.backward(g)
     tout.backward(torch.from_numpy(g))
-    np.testing.assert_allclose(x.grad, tx.grad.numpy(), rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(x.grad, tx.grad.numpy(), rtol=1e-3 * tol, atol=1e-5 * tol)
     tparams = dict(tmodel.named_parameters())
     for key, p in model.named_parameters():
-        np.testing.assert_allclose(p.grad, tparams[key].grad.numpy(), rtol=1e-3, atol=1e-4,
-                                   err_msg=key)
+        np.testing.assert_allclose(p.grad, tparams[key].grad.numpy(), rtol=1e-3 * tol,
+                                   atol=1e-4 * tol, err_msg=key)
     tstate = tmodel.state_dict()
     for key, value in model.state_dict().items():  # running statistics after the step
-        np.testing.assert_allclose(value, tstate[key].numpy(), rtol=1e-4, atol=1e-5,
-                                   err_msg=key)
+        np.testing.assert_allclose(value, tstate[key].numpy(), rtol=1e-4 * tol,
+                                   atol=1e-5 * tol, err_msg=key)
 
 
 def test_cross_entropy_matches_pytorch():

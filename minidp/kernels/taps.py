@@ -1,0 +1,158 @@
+"""Row-tap unfolding: a k x k "same" convolution as one GEMM over k taps and a shifted sum.
+
+im2col copies every input value k*k times (once per tap), and BLAS runs the product
+``(F, C*k*k) @ (C*k*k, L)`` slowly when F is small (16 rows for ResNet-20's first
+stage). Unfolding only the k column taps, over rows padded top and bottom, copies
+each value k times; the k row taps become rows of a k times taller product::
+
+    R[(c, j), n, r, x] = x[n, c, r - p, x + j - p]            (C*k, N*Hp*W)   rows(x)
+    P = W3 @ R,   W3[(i, f), (c, j)] = w[f, c, i, j]          (k*F, N*Hp*W)
+    out[n, f, y, x] = sum_i P[(i, f), n, y + i, x]                            sum_taps(P)
+
+with p = (k-1)/2 and Hp = H + 2p. The weight gradient pairs the rows of the output
+gradient with copies of x shifted down by 0..k-1 rows (:func:`row_shifts`)::
+
+    S[(i, c), n, r, x] = x[n, c, r - i, x]                    (k*C, N*Hp*W)
+
+Layouts are row-major over the bracketed index, then n, r (or y) and x. The kernels
+index with unsigned integers (see :mod:`minidp.kernels.unfold`) so their copies
+vectorise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+from minidp.backend import array_module
+from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+
+
+@numba.njit(cache=True, nogil=True)
+def _rows_kernel(x, k, out):  # pragma: no cover - compiled
+    n_img, n_ch, h, w = x.shape
+    p = (k - 1) // 2
+    plane = (h + 2 * p) * w
+    src, dst = x.reshape(-1), out.reshape(-1)
+    for c in range(n_ch):
+        for j in range(k):
+            lo, hi = min(w, max(0, p - j)), max(0, min(w, w + p - j))  # columns inside x
+            for n in range(n_img):
+                o = np.uint64(((c * k + j) * n_img + n) * plane)
+                for q in range(p * w):  # the padding rows
+                    dst[o + np.uint64(q)] = 0
+                    dst[o + np.uint64(plane - p * w + q)] = 0
+                image = (n * n_ch + c) * h * w
+                for y in range(h):
+                    row = o + np.uint64((y + p) * w)
+                    for q in range(lo):
+                        dst[row + np.uint64(q)] = 0
+                    s, d = np.uint64(image + y * w + lo + j - p), row + np.uint64(lo)
+                    for q in range(hi - lo):
+                        dst[d + np.uint64(q)] = src[s + np.uint64(q)]
+                    for q in range(max(lo, hi), w):
+                        dst[row + np.uint64(q)] = 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _shifts_kernel(x, k, out):  # pragma: no cover - compiled
+    n_img, n_ch, h, w = x.shape
+    plane = (h + k - 1) * w
+    src, dst = x.reshape(-1), out.reshape(-1)
+    for i in range(k):
+        for c in range(n_ch):
+            for n in range(n_img):
+                o = np.uint64(((i * n_ch + c) * n_img + n) * plane)
+                for q in range(i * w):
+                    dst[o + np.uint64(q)] = 0
+                s, d = np.uint64((n * n_ch + c) * h * w), o + np.uint64(i * w)
+                for q in range(h * w):
+                    dst[d + np.uint64(q)] = src[s + np.uint64(q)]
+                for q in range((i + h) * w, plane):
+                    dst[o + np.uint64(q)] = 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _sum_taps_kernel(pm, k, out):  # pragma: no cover - compiled
+    n_img, n_f, h, w = out.shape
+    size, plane = h * w, (h + k - 1) * w
+    src, dst = pm.reshape(-1), out.reshape(-1)
+    for n in range(n_img):
+        for f in range(n_f):
+            d = np.uint64((n * n_f + f) * size)
+            s = np.uint64((f * n_img + n) * plane)
+            for q in range(size):
+                dst[d + np.uint64(q)] = src[s + np.uint64(q)]
+            for i in range(1, k):
+                s = np.uint64(((i * n_f + f) * n_img + n) * plane + i * w)
+                for q in range(size):
+                    dst[d + np.uint64(q)] += src[s + np.uint64(q)]
+
+
+def rows_reference(x: Any, k: int) -> Any:
+    """R of the module docstring, in NumPy/CuPy."""
+    xp = array_module(x)
+    n, c, h, w = x.shape
+    p = (k - 1) // 2
+    padded = xp.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    taps = xp.stack([padded[:, :, :, j:j + w] for j in range(k)], axis=2)  # (N, C, k, Hp, W)
+    return xp.ascontiguousarray(taps.transpose(1, 2, 0, 3, 4)).reshape(c * k, -1)
+
+
+def row_shifts_reference(x: Any, k: int) -> Any:
+    """S of the module docstring, in NumPy/CuPy."""
+    xp = array_module(x)
+    n, c, h, w = x.shape
+    shifted = xp.stack([xp.pad(x, ((0, 0), (0, 0), (i, k - 1 - i), (0, 0))) for i in range(k)])
+    return xp.ascontiguousarray(shifted.transpose(0, 2, 1, 3, 4)).reshape(k * c, -1)
+
+
+def sum_taps_reference(pm: Any, k: int, shape: tuple) -> Any:
+    """Out of the module docstring, for ``shape`` (N, F, H, W), in NumPy/CuPy."""
+    n, f, h, w = shape
+    blocks = pm.reshape(k, f, n, h + k - 1, w)
+    out = sum(blocks[i, :, :, i:i + h] for i in range(k))  # (F, N, H, W)
+    return array_module(pm).ascontiguousarray(out.transpose(1, 0, 2, 3))
+
+
+def tap_rows(x: Any, k: int, out: Any = None) -> Any:
+    """R (C*k, N*Hp*W) of x (N, C, H, W) for a k x k kernel; into ``out`` if given."""
+    if not use_kernels(x):
+        return rows_reference(x, k)
+    ensure_compiled()
+    n, c, h, w = x.shape
+    out = np.empty((c * k, n * (h + k - 1) * w), dtype=x.dtype) if out is None else out
+    _rows_kernel(np.ascontiguousarray(x), k, out)
+    return out
+
+
+def row_shifts(x: Any, k: int, out: Any = None) -> Any:
+    """S (k*C, N*Hp*W) of x (N, C, H, W); into ``out`` if given."""
+    if not use_kernels(x):
+        return row_shifts_reference(x, k)
+    ensure_compiled()
+    n, c, h, w = x.shape
+    out = np.empty((k * c, n * (h + k - 1) * w), dtype=x.dtype) if out is None else out
+    _shifts_kernel(np.ascontiguousarray(x), k, out)
+    return out
+
+
+def sum_taps(pm: Any, k: int, out: Any) -> Any:
+    """Write the sum over row taps of P (k*F, N*Hp*W) into ``out`` (N, F, H, W)."""
+    if not use_kernels(pm, out) or not out.flags.c_contiguous:
+        out[...] = sum_taps_reference(pm, k, out.shape)
+        return out
+    ensure_compiled()
+    _sum_taps_kernel(np.ascontiguousarray(pm), k, out)
+    return out
+
+
+@register_warmup
+def _warm(dtype: type) -> None:
+    x = np.zeros((1, 1, 2, 2), dtype=dtype)
+    cols = np.empty((3, 8), dtype=dtype)
+    _rows_kernel(x, 3, cols)
+    _shifts_kernel(x, 3, cols)
+    _sum_taps_kernel(cols, 3, x)
