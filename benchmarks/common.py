@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 
-os.environ.setdefault("MINIDP_NUM_THREADS", "1")
+os.environ.setdefault("MINIDP_NUM_THREADS", "1")  # before minidp sets up its threads
+from minidp.compare import run_job  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -26,18 +26,10 @@ def train_job(flags: list[str], out: str, ranks: int, timeout: float) -> dict | 
            *flags, "--out", out]
     shown = [os.path.relpath(c, ROOT) if c.startswith(ROOT + os.sep) else c for c in cmd]
     print("$ " + shlex.join(shown).replace(os.path.dirname(out), "$TMP"), flush=True)
-    # A new process group, so that a timeout ends mpiexec and every rank it started.
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        print(f"  timed out after {timeout} s", file=sys.stderr)
-    if proc.returncode != 0:
+    status, output = run_job(cmd, timeout, cwd=ROOT)
+    if status != 0:
         tail = "\n".join(output.strip().splitlines()[-4:])
-        print(f"  failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
+        print(f"  failed (exit {status}):\n{tail}", file=sys.stderr, flush=True)
         return None
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)

@@ -96,10 +96,14 @@ def launcher(args: argparse.Namespace) -> str:
     return beside if os.path.exists(beside) else "mpiexec"
 
 
-def run_job(command: list[str], timeout: float) -> tuple[int, str]:
-    """Run one job in its own process group (a timeout kills every rank); status, output."""
+def run_job(command: list[str], timeout: float, env: dict[str, str] | None = None,
+            cwd: str | None = None) -> tuple[int, str]:
+    """Run one job in its own process group (a timeout kills every rank); status, output.
+
+    Also the job runner of the benchmarks and of ``simulate --validate``.
+    """
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=env, cwd=cwd)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -22,13 +22,12 @@ import dataclasses
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
+from minidp.compare import run_job
 from minidp.simulate import Setup, parse_strategies, table
 from minidp.simulate_costs import Epoch
 from minidp.simulate_measure import build_model, measure_step
@@ -122,18 +121,11 @@ def launch(ranks: int, flags: list[str], out: str, bind: list[str]) -> list[dict
            "train", *flags, "--out", out]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("MPIEXEC_TIMEOUT", str(TIMEOUT_S - 30))
-    # Its own process group, so that a timeout ends mpiexec and every rank it started.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-    if proc.returncode != 0:
+    status, output = run_job(cmd, TIMEOUT_S, env)
+    if status != 0:
         tail = "\n".join(output.strip().splitlines()[-5:])
         raise RuntimeError(f"--validate: the run {shlex.join(cmd)} failed (exit "
-                           f"{proc.returncode}):\n{tail}")
+                           f"{status}):\n{tail}")
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 

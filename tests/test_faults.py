@@ -9,12 +9,9 @@ its second epoch.
 
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from spmd import ROOT
 from test_train_cli import train
 
 from minidp import faults, strategies
@@ -27,21 +24,10 @@ NODES = ["--ranks-per-node", "2"]
 DASO = ["--set", "daso.warmup_epochs=0", "--set", "daso.cooldown_epochs=0"]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """The dataset files and the compiled kernels, made before any timed job.
-
-    Otherwise the first job would prepare the files on rank 0 (and, in a fresh clone,
-    compile the kernels) while the other ranks wait past the short --comm-timeout.
-    """
-    from minidp.kernels import ensure_compiled
-
-    ensure_compiled()
-    path = str(tmp_path_factory.mktemp("data"))
-    subprocess.run([sys.executable, "-m", "minidp", "data", "prepare", "synthetic", "--out",
-                    path, "--data-dir", path, "--quiet"], check=True, capture_output=True,
-                   env=dict(os.environ, PYTHONPATH=ROOT))
-    return path
+@pytest.fixture
+def data_dir(synthetic_data_dir):
+    """The synthetic dataset and compiled kernels, made before any timed job (conftest)."""
+    return synthetic_data_dir
 
 
 KINDS = ("raise", "kill", "hang")
