@@ -19,6 +19,19 @@ def topology(ranks_per_node):
     return _topologies[ranks_per_node]
 
 
+_sub_topologies = {}
+
+
+def sub_topology(comm_size, servers, ranks_per_node=None):
+    """A topology over the first ``comm_size`` world ranks (None on the others)."""
+    key = (comm_size, servers, ranks_per_node)
+    if key not in _sub_topologies:
+        sub = world.Split(0 if world.rank < comm_size else MPI.UNDEFINED, key=world.rank)
+        _sub_topologies[key] = None if sub == MPI.COMM_NULL else Topology(sub, ranks_per_node,
+                                                                          servers)
+    return _sub_topologies[key]
+
+
 def layouts():
     """Virtual node sizes valid at this world size: 1 rank per node, 2 (2x2), all (3x1)."""
     return sorted({k for k in (1, 2, world.size) if world.size % k == 0})

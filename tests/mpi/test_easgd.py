@@ -11,27 +11,17 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from strategy_runs import CLASSES, FEATURES, build
+from strategy_runs import sub_topology as topology
 
 from minidp import Tensor, layers
 from minidp import functional as F
-from minidp.comm import Topology, guard, p2p
+from minidp.comm import guard, p2p
 from minidp.optim import SGD
 from minidp.strategies.easgd import TAG_CENTRE
 
 world = MPI.COMM_WORLD
 BASE, LR = 4, 0.1
 SERVED = ("easgd-rr", "easgd-async", "measgd-async")
-_topologies = {}
-
-
-def topology(comm_size, servers, ranks_per_node=None):
-    """A topology over the first ``comm_size`` world ranks (None on the others)."""
-    key = (comm_size, servers, ranks_per_node)
-    if key not in _topologies:
-        sub = world.Split(0 if world.rank < comm_size else MPI.UNDEFINED, key=world.rank)
-        _topologies[key] = None if sub == MPI.COMM_NULL else Topology(sub, ranks_per_node,
-                                                                      servers)
-    return _topologies[key]
 
 
 def topology_for(name, ranks_per_node=None):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from strategy_runs import CLASSES, FEATURES, build
+from strategy_runs import sub_topology as topology
 
 from minidp import Tensor, layers
 from minidp import functional as F
@@ -13,17 +14,6 @@ from minidp.strategies.dbs import proportional_sizes
 
 world = MPI.COMM_WORLD
 BASE = 4
-_topologies = {}
-
-
-def topology(comm_size, servers, ranks_per_node=None):
-    """A topology over the first ``comm_size`` world ranks (None on the others)."""
-    key = (comm_size, servers, ranks_per_node)
-    if key not in _topologies:
-        sub = world.Split(0 if world.rank < comm_size else MPI.UNDEFINED, key=world.rank)
-        _topologies[key] = None if sub == MPI.COMM_NULL else Topology(sub, ranks_per_node,
-                                                                      servers)
-    return _topologies[key]
 
 
 def batch(epoch, worker, step, n):
