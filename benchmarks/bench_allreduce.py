@@ -55,8 +55,8 @@ def main() -> None:
         for algorithm in ALLREDUCE_ALGORITHMS:
             buf = np.zeros(count, np.float32)  # zeros: repeated in-place sums stay finite
             times[algorithm] = best_time(lambda: allreduce(buf, topo, algorithm))
-        zero = shared_buffer(topo, count, np.float32)
-        zero[...] = 0
+        zero = shared_buffer(topo, count, np.float32)  # a NodeBuffer: reduced in its window
+        zero.array[...] = 0
         times["hierarchical (zero-copy)"] = best_time(lambda: allreduce(zero, topo,
                                                                         "hierarchical"))
         for algorithm, t in times.items():

@@ -1,14 +1,17 @@
 r"""``python -m minidp compare``: train several strategies with the same flags, then report.
 
-    python -m minidp compare --strategies sync,hsgd,daso --out cmp -- \
-        --model lenet5 --dataset fashion-mnist --epochs 5 --ranks-per-node 2
+    python -m minidp compare --strategies sync,hsgd,daso,daso:global_sync=rail --out cmp \
+        -- --model lenet5 --dataset fashion-mnist --epochs 5 --ranks-per-node 2
 
 Each strategy runs as its own job (``MPIEXEC -n RANKS python -m mpi4py -m minidp train
 FLAGS --strategy S --out OUT/S``), one after the other, so that they never share the
 cores; then :mod:`minidp.reports` writes ``OUT/report.md`` over all of them. A
 ``--set NAME.OPTION=VALUE`` goes only to the strategy it names (the others would refuse
-it). The train flags are checked once before anything is launched, so a typo costs
-nothing. A job that fails is reported with its last lines and left out of the report.
+it). A strategy written ``NAME:OPTION=VALUE[:OPTION=VALUE...]`` is a variant: the job
+gets ``--set NAME.OPTION=VALUE`` for each, so one strategy can run with several
+settings side by side. The train flags are checked once before anything is launched,
+so a typo costs nothing. A job that fails is reported with its last lines and left out
+of the report.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from minidp.strategies import STRATEGIES
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``compare`` subcommand's arguments (the train flags follow, after ``--``)."""
     parser.add_argument("--strategies", required=True, metavar="S1,S2,...",
-                        help=f"strategies to run, from: {', '.join(STRATEGIES)}")
+                        help=f"strategies to run, from: {', '.join(STRATEGIES)}; "
+                             "S:OPTION=VALUE[:OPTION=VALUE] runs S with those options")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="a new directory: one run per strategy, and report.md")
     parser.add_argument("--ranks", type=int, default=4, help="ranks per job (default 4)")
@@ -40,17 +44,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run)
 
 
-def strategies_of(text: str) -> list[str]:
-    """The comma-separated strategy ids, each checked."""
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    for name in names:
+def strategies_of(text: str) -> list[tuple[str, list[str]]]:
+    """The comma-separated strategies, each (id, its ``--set`` flags), checked."""
+    specs = [s.strip() for s in text.split(",") if s.strip()]
+    variants = []
+    for spec in specs:
+        name, *options = spec.split(":")
         if name not in STRATEGIES:
             raise ValueError(f"compare: --strategies: got {name!r}, allowed: "
                              f"{', '.join(STRATEGIES)}")
-    if not names:
+        for option in options:
+            if "=" not in option or not option.split("=", 1)[0]:
+                raise ValueError(f"compare: --strategies: got {spec!r}, allowed: "
+                                 f"{name}:OPTION=VALUE[:OPTION=VALUE...]")
+        variants.append((name, [f for o in options for f in ("--set", f"{name}.{o}")]))
+    if not variants:
         raise ValueError("compare: --strategies: got no strategy, allowed: a comma-"
                          "separated list such as sync,hsgd")
-    return names
+    return variants
+
+
+def job_name(strategy: str, sets: list[str]) -> str:
+    """The run directory's name part: the id, then each variant option."""
+    return "-".join([strategy, *(s.split(".", 1)[1] for s in sets[1::2])])
 
 
 def flags_for(strategy: str, flags: list[str]) -> list[str]:
@@ -70,7 +86,7 @@ def flags_for(strategy: str, flags: list[str]) -> list[str]:
     return kept
 
 
-def check_train_flags(strategies: list[str], flags: list[str]) -> None:
+def check_train_flags(strategies: list[tuple[str, list[str]]], flags: list[str]) -> None:
     """Parse each job's flags as `train` would, so a bad one fails before any launch."""
     from minidp.config import build_parser, from_args
 
@@ -78,10 +94,11 @@ def check_train_flags(strategies: list[str], flags: list[str]) -> None:
         if flag in flags:
             raise ValueError(f"compare: train flags: {flag} is set by compare, allowed: "
                              "every other train flag")
-    for strategy in strategies:
+    for strategy, sets in strategies:
         parser = build_parser(argparse.ArgumentParser(prog="minidp train", add_help=False))
         try:
-            args = parser.parse_args([*flags_for(strategy, flags), "--strategy", strategy])
+            args = parser.parse_args([*flags_for(strategy, flags), *sets, "--strategy",
+                                      strategy])
         except SystemExit:
             raise ValueError(f"compare: train flags: {shlex.join(flags)!r} are not valid "
                              "train flags (see python -m minidp train --help)") from None
@@ -125,10 +142,10 @@ def run(args: argparse.Namespace) -> int:
                          "empty directory")
     check_train_flags(strategies, flags)
     done, failed = [], []
-    for k, strategy in enumerate(strategies):
-        out = os.path.join(args.out, f"{k + 1:02d}-{strategy}")
+    for k, (strategy, sets) in enumerate(strategies):
+        out = os.path.join(args.out, f"{k + 1:02d}-{job_name(strategy, sets)}")
         command = [launcher(args), "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
-                   "-m", "minidp", "train", *flags_for(strategy, flags),
+                   "-m", "minidp", "train", *flags_for(strategy, flags), *sets,
                    "--strategy", strategy, "--out", out, "--no-progress"]
         print(f"$ {shlex.join(command)}", flush=True)
         status, output = run_job(command, args.timeout)

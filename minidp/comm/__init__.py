@@ -5,11 +5,11 @@ Point-to-point messages are a module of their own: ``minidp.comm.p2p.send(...)``
 
 from minidp.comm import p2p
 from minidp.comm.allreduce import (
-           ALLREDUCE_ALGORITHMS,
-           AllreduceRequest,
-           allreduce,
-           iallreduce,
-           shared_buffer,
+    ALLREDUCE_ALGORITHMS,
+    AllreduceRequest,
+    allreduce,
+    iallreduce,
+    shared_buffer,
 )
 from minidp.comm.levels import (
     broadcast,
@@ -21,10 +21,11 @@ from minidp.comm.levels import (
     world_max,
 )
 from minidp.comm.network import NetworkModel, set_network_model
-from minidp.comm.shared import SharedArray
+from minidp.comm.shared import NodeBuffer, SharedArray
 from minidp.comm.topology import Communicator, Topology, mpi_library, versions
 
 __all__ = ["ALLREDUCE_ALGORITHMS", "AllreduceRequest", "Communicator", "NetworkModel",
-           "SharedArray", "Topology", "allreduce", "broadcast", "broadcast_object", "iallreduce",
-           "mpi_library", "node_allreduce", "node_broadcast", "p2p", "rail_allreduce",
-           "rail_iallreduce", "set_network_model", "shared_buffer", "versions", "world_max"]
+           "NodeBuffer", "SharedArray", "Topology", "allreduce", "broadcast",
+           "broadcast_object", "iallreduce", "mpi_library", "node_allreduce", "node_broadcast",
+           "p2p", "rail_allreduce", "rail_iallreduce", "set_network_model", "shared_buffer",
+           "versions", "world_max"]

@@ -16,71 +16,55 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp.comm import guard
-from minidp.comm.allreduce import (
-    OPS,
-    AllreduceRequest,
-    check_buffer,
-    node_bytes,
-    slice_finish,
-    slice_reduce,
-)
-from minidp.comm.network import Pending, charged, ring_traffic
+from minidp.comm.allreduce import AllreduceRequest, Buffer, check_buffer
+from minidp.comm.allreduce.base import node_bytes
+from minidp.comm.allreduce.hierarchical import NodeSlices, RailAllreduce
+from minidp.comm.network import charged
 from minidp.comm.topology import Topology
 
 
-def _divide(buffer: np.ndarray, op: str, count: int) -> np.ndarray:
-    if op not in OPS:
-        raise ValueError(f"op: got {op!r}, allowed: {', '.join(OPS)}")
-    if op == "mean" and count > 1:
-        buffer /= count
-    return buffer
-
-
-def node_allreduce(buffer: np.ndarray, topology: Topology, op: str = "mean") -> np.ndarray:
+def node_allreduce(buffer: Buffer, topology: Topology, op: str = "mean") -> np.ndarray:
     """Reduce ``buffer`` over the ranks of this node only, through the shared window.
 
     Pattern: every rank's buffer is (or is copied into) its segment; local rank k sums
     slice k of all segments and copies it back into each; sync. No message leaves the
-    node. Zero-copy when ``buffer`` is a :func:`shared_buffer` segment.
+    node. Zero-copy when ``buffer`` is a NodeBuffer (:func:`shared_buffer`). Returns
+    the reduced array.
     """
-    check_buffer(buffer, "hierarchical", op, topology.rank)
-    guard.check_same(topology.node, f"node allreduce {op}", buffer)
-    with charged("intra", "node_allreduce", 0, node_bytes(buffer, topology)):
-        if topology.local_size > 1 and buffer.size:
-            shared, zero_copy, mine, _ = slice_reduce(buffer, topology, broadcast=True)
-            slice_finish(buffer, shared, zero_copy, mine, broadcast=False)
-    return _divide(buffer, op, topology.local_size)
+    array = check_buffer(buffer, "hierarchical", op, topology.rank)
+    guard.check_same(topology.node, f"node allreduce {op}", array)
+    with charged("intra", "node_allreduce", 0, node_bytes(array, topology)):
+        if topology.local_size > 1 and array.size:
+            slices = NodeSlices(buffer, topology)
+            slices.sum_slice(broadcast=True)
+            slices.finish(broadcast=False)
+    if op == "mean" and topology.local_size > 1:
+        array /= topology.local_size
+    return array
 
 
 def rail_allreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> np.ndarray:
     """Blocking reduce of ``buffer`` over this rank's rail (its local rank on every node).
 
     Only the ranks of one rail call it; the other rails are free. Charged as a ring
-    over the P nodes: 2(P-1) messages, 2(P-1)/P of the bytes.
+    over the P nodes: 2(P-1) messages, 2(P-1)/P of the bytes. ``rail_iallreduce(...)
+    .wait()`` with nothing in between.
     """
     check_buffer(buffer, "mpi", op, topology.rank)
     guard.check_same(topology.cross, f"rail allreduce {op}", buffer)
-    if topology.num_nodes > 1:
-        with charged("inter", "rail_allreduce", *ring_traffic(topology.num_nodes,
-                                                               buffer.nbytes)):
-            guard.wait(topology.cross.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM),
-                       topology.cross, "rail allreduce")
-    return _divide(buffer, op, topology.num_nodes)
+    return RailAllreduce(buffer, topology, False, op).wait()
 
 
 def rail_iallreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> AllreduceRequest:
     """Start a non-blocking reduce of ``buffer`` over this rank's rail; wait() finishes it.
 
     The network model's time runs from now, so the batches computed before ``wait()``
-    hide it; whatever is left is slept in ``wait()`` under the phase ``wait``.
+    hide it; whatever is left is slept in ``wait()`` under the phase ``wait``. It uses
+    no workspace: several may be in flight, each on its own buffer.
     """
     check_buffer(buffer, "mpi", op, topology.rank)
     guard.check_same(topology.cross, f"rail iallreduce {op}", buffer)
-    level = "inter" if topology.num_nodes > 1 else "intra"
-    pending = Pending(level, "rail iallreduce", *ring_traffic(topology.num_nodes, buffer.nbytes))
-    request = topology.cross.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-    return AllreduceRequest(request, topology.cross, pending,
-                            lambda: _divide(buffer, op, topology.num_nodes))
+    return RailAllreduce(buffer, topology, True, op)
 
 
 def node_broadcast(buffer: np.ndarray, topology: Topology, root: int) -> np.ndarray:

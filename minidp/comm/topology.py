@@ -10,6 +10,7 @@
              machine); None on servers
     cross    the "rail": the workers with this worker's local rank on every node
     leaders  local rank 0 of every node (the rail of local rank 0), None elsewhere
+    workspace  the scratch arrays and windows its collectives reuse (Workspace)
 
 Placement is decided over the whole world, servers included: at 4 ranks as 2 x 2 with
 one server, node 0 holds the server (rank 0) and worker 1, node 1 workers 2 and 3.
@@ -32,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp.comm import guard
+from minidp.comm.shared import Workspace
 
 ROLES = ("worker", "server")
 _SET_UP = "topology set-up"  # what a timeout says a rank was waiting in
@@ -90,6 +92,7 @@ class Topology:
         self.nodes_of_ranks = guard.allgather_object(self.world, node_index[first], _SET_UP)
         guard.collective(world_node, _SET_UP, world_node.Free)
         self._build_worker_levels()
+        self.workspace = Workspace(self.node, self.rank)
         # Names appear in timeout and debug messages.
         if self.node is not None:
             self.node.Set_name(f"node {self.node_id}")
@@ -162,7 +165,8 @@ class Topology:
                 "servers": self.num_servers, "workers": self.num_workers}
 
     def free(self) -> None:
-        """Free the communicators this topology created."""
+        """Free the workspace's windows and the communicators this topology created."""
+        self.workspace.free()
         # Each is freed collectively by the ranks that hold it (None on servers).
         for comm in (self.cross, self.node):
             if comm is not None:

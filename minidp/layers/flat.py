@@ -4,12 +4,13 @@ Every ``Parameter.data`` and ``Parameter.grad`` is a reshaped view into these
 buffers, in ``named_parameters()`` order. So one MPI call reduces every gradient of
 the model, a fused kernel updates every parameter in one pass, and the gradient
 buffer can itself be a rank's segment of a node's shared-memory window
-(:meth:`FlatParameters.rebind_grad`), which makes intra-node reduction zero-copy.
+(:meth:`FlatParameters.rebind_grad` of a ``minidp.comm.NodeBuffer``), which makes
+intra-node reduction zero-copy.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from minidp.backend import array_module
 from minidp.tensor import Tensor
@@ -20,6 +21,19 @@ class Parameter(Tensor):
 
     def __init__(self, data: Any, requires_grad: bool = True) -> None:
         super().__init__(data, requires_grad=requires_grad)
+
+
+class GradientMemory(Protocol):
+    """Memory the flat gradients can be moved into: ``minidp.comm.NodeBuffer``.
+
+    A protocol, because layers never import comm. The strategy hands the same object to
+    its reductions, which then know by its type that the gradients lie in the node's
+    window (no copy in or out), while ``grad`` stays a plain array view for the optimizer.
+    """
+
+    @property
+    def array(self) -> Any:
+        """The memory as a 1-D array of the parameters' size and dtype."""
 
 
 class FlatParameters:
@@ -71,12 +85,13 @@ class FlatParameters:
             p is q and p.data is d and p.grad is g
             for p, q, (d, g) in zip(params, self.params, self._views))
 
-    def rebind_grad(self, buffer: Any) -> None:
-        """Move the gradient storage into ``buffer`` (e.g. a shared-memory segment).
+    def rebind_grad(self, memory: GradientMemory) -> None:
+        """Move the gradient storage into ``memory`` (a node's shared-memory segment).
 
-        Current gradient values are copied over; every ``Parameter.grad`` becomes a
-        view into ``buffer``.
+        Current gradient values are copied over; ``grad`` and every ``Parameter.grad``
+        become views of ``memory.array``.
         """
+        buffer = memory.array
         if buffer.shape != (self.size,) or buffer.dtype != self.data.dtype:
             raise ValueError(f"rebind_grad: buffer has shape {buffer.shape} and dtype "
                              f"{buffer.dtype}, expected ({self.size},) and {self.data.dtype}")

@@ -29,6 +29,7 @@ import numpy as np
 
 from minidp.comm import (
     ALLREDUCE_ALGORITHMS,
+    NodeBuffer,
     Topology,
     allreduce,
     broadcast,
@@ -93,6 +94,9 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
     options: ClassVar[dict[str, Option]] = {}
+    # Set by gradients_in_shared_memory(): the memory the gradients live in, which the
+    # strategy hands to the reductions (zero-copy in the node).
+    grad_buffer: NodeBuffer
     # Whether a run may stop between any two batches (a signal, minidp.stopping): only
     # where all ranks step together and the state after each step is whole; others stop
     # at the next epoch's end.
@@ -155,9 +159,14 @@ class Strategy(abc.ABC):
                 if isinstance(b, np.ndarray) and b.dtype.kind == "f"]
 
     def gradients_in_shared_memory(self) -> None:
-        """Move the flat gradient buffer into the node window: node reductions copy nothing."""
-        self.flat.rebind_grad(shared_buffer(self.topology, self.flat.size,
-                                            self.flat.grad.dtype, name="gradients"))
+        """Move the flat gradients into the node window (``self.grad_buffer``).
+
+        ``self.flat.grad`` (what the optimizer reads) stays a NumPy array, a view of the
+        window; reductions handed ``self.grad_buffer`` reduce it in place, without copies.
+        """
+        self.grad_buffer = shared_buffer(self.topology, self.flat.size, self.flat.grad.dtype,
+                                         name="gradients")
+        self.flat.rebind_grad(self.grad_buffer)
 
     # -- the interface the Trainer drives -----------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Follows Heat's ``heat.optim.DASO`` (the paper's reference code) epoch by epoch and batch
 by batch: node-local blocking gradient averaging, a global non-blocking parameter
-average on one rail at a time, merged S batches later with a staleness weight, and a
+average started every B batches, merged S batches later with a staleness weight, and a
 schedule that stretches the interval between global syncs when the loss plateaus.
 What is decided when lives in :mod:`minidp.strategies.daso_schedule`; this file carries
 it out. Deviations are listed in docs/daso.md.
@@ -15,55 +15,56 @@ from typing import Any
 
 import numpy as np
 
-from minidp.comm import node_allreduce, node_broadcast, rail_allreduce, rail_iallreduce
-from minidp.comm.allreduce import AllreduceRequest
+from minidp.comm import (
+    SharedArray,
+    node_allreduce,
+    node_broadcast,
+    rail_allreduce,
+    rail_iallreduce,
+)
+from minidp.comm.allreduce import AllreduceRequest, chunk_bounds
+from minidp.comm.wire import KINDS, HalfSum, decode, encode, round_to
 from minidp.optim.schedules import Schedule
 from minidp.strategies.base import Option, Strategy
 from minidp.strategies.daso_schedule import BatchSchedule, DASOSchedule, Merge, Send
 from minidp.trace import tracer
 
-
-def downcast(x: np.ndarray, kind: str) -> np.ndarray:
-    """Round ``x`` to bfloat16 or float16 precision, kept in x's dtype (an emulation).
-
-    NumPy has no bfloat16 and MPI no half-precision sum, so the precision loss of Heat's
-    down-cast is reproduced (round to nearest even on the top 16 bits of float32), not
-    its bandwidth saving.
-    """
-    if kind == "none":
-        return x
-    if kind == "fp16":
-        return x.astype(np.float16).astype(x.dtype)
-    bits = x.astype(np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) \
-        & np.uint32(0xFFFF0000)
-    return rounded.view(np.float32).astype(x.dtype)
+SYNCS = ("all", "rail")
 
 
 class DASO(Strategy):
-    """Node-local synchronous SGD, global parameter averaging over one rail at a time.
+    """Node-local synchronous SGD, global parameter averaging every B batches.
 
     Per batch b, the :class:`BatchPlan` of :class:`BatchSchedule` says what happens,
-    in this order (P nodes, G ranks per node, rail k = local rank k on every node)::
+    in this order (P nodes, G ranks per node, rail k = local rank k on every node; the
+    plan names rail k, the k-th send of the epoch, as Heat does)::
 
         0. node sync (if on): node allreduce(grad, mean) in shared memory; then the
            local update
-        1. send: the ranks of rail k copy x into a send buffer (down-cast while B < 1)
-           and start rail.Iallreduce(sum) across the P nodes (a blocking one:
-           rail.Allreduce); the other rails rest
-        2. merge, on the ranks of the rail of the sync in flight: wait for it, then
-           x = (w x + sum) / (w + P), w = 2 x the send's wait (1 if that is not
-           positive), sum: the nodes' parameters at send time
+        1. send: rail k's parameters x_k go into row 0 of a node window (one of two),
+           16-bit words while B < 1 with a down-cast; the sum over the P nodes starts:
+             global_sync=all:  local rank j carries slice j (1/G of x) on rail j,
+                               rail_j.Iallreduce(sum): all G rails at once
+             global_sync=rail: local rank k carries all of x on rail k (Heat)
+           A blocking send (S == 0, every epoch's last batch) is waited for at once.
+        2. merge, S batches later: wait; x_k = (w x_k + sum) / (w + P), w = 2 x the
+           send's wait (1 if not positive), sum: the nodes' parameters at send time
         3. node.Bcast(x, root = that rail): the node is equal again
-        4. if the send is blocking (S == 0, and every epoch's last batch): on rail k
-           x = sum / P, then node.Bcast(x, root=k): every rank of the world is equal
+        4. blocking send: x = sum / P (rounded to 16 bits again with a down-cast)
+
+    ``all`` puts each node's whole network link to work instead of one rail's, and
+    computes exactly what ``rail`` does: the sum is taken over the same P numbers per
+    element. It needs rail k's x on every rank: while every rank of the node holds the
+    same parameters and optimizer state (from the start until a batch without node
+    sync), each rank sends its own slice and computes the merge and the mean itself;
+    afterwards local rank k first publishes x_k in the window (one shared-memory sync),
+    merges on rank k and broadcasts, and the blocking mean is read from the window by
+    every rank, so no broadcast follows it.
 
     Ranks wait at node reductions and broadcasts, at blocking sends, and at a merge only
     for what the network has not finished since the send. Every action is recorded in
     the trace as an instant event ``daso <action>`` (epoch, batch and its numbers), on
     every rank, so a run's decisions can be read back and checked against Heat's.
-    When things happen is the plan's alone; which ranks carry a sum is decided only in
-    ``_send``, ``_merge`` and ``_average``.
 
     The schedule (:class:`DASOSchedule`) runs warm-up and cool-down epochs with
     B = S = L = 0, i.e. blocking parameter averaging every batch, which with linear
@@ -92,21 +93,36 @@ class DASO(Strategy):
         "staleness_weight": Option(2.0, float, "a float > 0", lambda v: v > 0,
                                    "weight 2 in (2S x + sum) / (2S + P)"),
         "downcast": Option("none", str, "'none', 'bf16' or 'fp16'",
-                           lambda v: v in ("none", "bf16", "fp16"),
-                           "precision of the global syncs while B < 1"),
+                           lambda v: v in ("none", *KINDS),
+                           "16-bit words on the wire for the global syncs while B < 1"),
+        "global_sync": Option("all", str, "'all' or 'rail'", lambda v: v in SYNCS,
+                              "global syncs over all rails (1/G of x each) or one rail "
+                              "at a time (Heat)"),
     }
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gradients_in_shared_memory()
-        # Two, because a send may start while the previous sync is still in flight.
-        self.buffers = [np.empty_like(self.flat.data), np.empty_like(self.flat.data)]
+        t, n = self.topology, self.flat.size
+        self.all_rails = self.config["global_sync"] == "all"
+        bounds = chunk_bounds(n, t.local_size)
+        self.slice = slice(bounds[t.local_rank], bounds[t.local_rank + 1]) if self.all_rails \
+            else slice(0, n)
+        # Row 0 of a window holds the parameters a sync sends, then its sum. Two, because
+        # a send may start while the previous sync is still in flight.
+        self.windows = [SharedArray(t.node, n, self.flat.data.dtype) for _ in range(2)] \
+            if t.num_nodes > 1 else []
+        kind = self.config["downcast"]
+        self.half = HalfSum(kind) if kind != "none" and t.num_nodes > 1 else None
+        self.words = np.empty(n, np.uint16) if self.half else None
+        # Every rank of the node holds the same parameters and optimizer state: true until
+        # a batch updates without the node sync (then the momenta differ for good).
+        self.node_identical = True
         self.schedule = DASOSchedule(total_epochs=1, **self._schedule_options())
-        self.batch_schedule = BatchSchedule(self.topology.local_size,
-                                            self.config["staleness_weight"])
-        # This rank's started syncs, oldest first (only on the ranks of their rail);
+        self.batch_schedule = BatchSchedule(t.local_size, self.config["staleness_weight"])
+        # This rank's started syncs, oldest first (only on ranks that carry a part);
         # a blocking one is finished at its send (no request) and averaged after the merge.
-        self.in_flight: deque[tuple[AllreduceRequest | None, np.ndarray]] = deque()
+        self.in_flight: deque[tuple[AllreduceRequest | None, SharedArray]] = deque()
 
     def _schedule_options(self) -> dict[str, Any]:
         names = ("warmup_epochs", "cooldown_epochs", "max_global_skips", "skip_reduction_factor",
@@ -128,13 +144,15 @@ class DASO(Strategy):
         """Node sync and local update, then the batch's global send, merge and broadcasts."""
         self.steps += 1
         if self.topology.num_nodes == 1:
-            node_allreduce(self.flat.grad, self.topology, op="mean")
+            node_allreduce(self.grad_buffer, self.topology, op="mean")
             self.optimizer_step()
             return
         plan = self.batch_schedule.plan(batch)
         if plan.node_sync:
             self._record(batch, "node sync")
-            node_allreduce(self.flat.grad, self.topology, op="mean")
+            node_allreduce(self.grad_buffer, self.topology, op="mean")
+        else:
+            self.node_identical = False
         self.optimizer_step()
         if plan.send:
             self._send(batch, plan.send)
@@ -150,47 +168,78 @@ class DASO(Strategy):
     def _record(self, batch: int, action: str, **numbers: Any) -> None:
         tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers)
 
+    def _carries(self, rail: int) -> bool:
+        """Whether this rank carries part of a sync sent on ``rail``."""
+        return self.all_rails or self.topology.local_rank == rail
+
+    def _owns_result(self, rail: int) -> bool:
+        """Whether this rank computes rail ``rail``'s merge (the others get a broadcast)."""
+        return self.topology.local_rank == rail or (self.all_rails and self.node_identical)
+
     def _send(self, batch: int, send: Send) -> None:
         """Start the sum over the nodes of rail ``send.rail``'s parameters."""
         self._record(batch, "send", rail=send.rail, wait=send.wait, cast=send.cast)
-        if self.topology.local_rank != send.rail:
+        self.windows.reverse()  # the other window may hold the sync still in flight
+        window = self.windows[0]
+        sent, part, x = window.whole[0], self.slice, self.flat.data
+        if self.all_rails and not self.node_identical:
+            if self.topology.local_rank == send.rail:
+                sent[...] = x
+            window.sync()  # now every rank sends its slice of rail k's x
+        elif self._carries(send.rail):
+            sent[part] = x[part]
+        if not self._carries(send.rail):
             return
-        self.buffers.reverse()  # the other buffer may hold the sync still in flight
-        buffer = self.buffers[0]
-        buffer[...] = downcast(self.flat.data, self.config["downcast"]) if send.cast \
-            else self.flat.data
-        if send.blocking:
-            rail_allreduce(buffer, self.topology, op="sum")
-            self.in_flight.append((None, buffer))
+        request = None
+        if send.cast and self.half:
+            # The schedule casts only while B < 1, and then S = 0: the send blocks.
+            words = encode(sent[part], self.half.kind, self.words[part])
+            decode(self.half.rail_sum(words, self.topology), self.half.kind, sent[part])
+        elif send.blocking:
+            rail_allreduce(sent[part], self.topology, op="sum")
         else:
-            self.in_flight.append((rail_iallreduce(buffer, self.topology, op="sum"), buffer))
+            request = rail_iallreduce(sent[part], self.topology, op="sum")
+        self.in_flight.append((request, window))
+
+    def _finished_sum(self, rail: int) -> np.ndarray | None:
+        """Wait for the oldest sync in flight; its whole sum where this rank needs it."""
+        if not self._carries(rail):
+            return None
+        request, window = self.in_flight.popleft()
+        if request is not None:
+            request.wait()
+        if self.all_rails:
+            window.sync()  # every rail's slice of the sum is in row 0
+        return window.whole[0]
 
     def _merge(self, batch: int, merge: Merge) -> None:
         """Weigh the current parameters against the nodes' sum from the send."""
         self._record(batch, "merge", rail=merge.rail, weight=merge.weight)
-        if self.topology.local_rank != merge.rail:
+        total = self._finished_sum(merge.rail)
+        if total is None or not self._owns_result(merge.rail):
             return
-        request, total = self.in_flight.popleft()
-        request.wait()
         x = self.flat.data
         x *= merge.weight
         x += total
         x /= merge.weight + self.topology.num_nodes
 
-    def _broadcast(self, batch: int, root: int) -> None:
+    def _broadcast(self, batch: int, root: int, equal: bool = False) -> None:
+        """Heat's node broadcast from ``root``; skipped where the node is ``equal`` already."""
         self._record(batch, "broadcast", root=root)
-        node_broadcast(self.flat.data, self.topology, root=root)
+        if not (equal or self.all_rails and self.node_identical):
+            node_broadcast(self.flat.data, self.topology, root=root)
 
     def _average(self, batch: int, send: Send) -> None:
         """Finish a blocking sync: the nodes' mean on its rail, then in every node."""
         self._record(batch, "average", rail=send.rail)
-        if self.topology.local_rank == send.rail:
-            _, total = self.in_flight.popleft()
-            # Heat sums and divides in the sent precision: the mean is rounded once more.
-            kind = self.config["downcast"] if send.cast else "none"
-            self.flat.data[...] = downcast(downcast(total, kind) / self.topology.num_nodes,
-                                           kind)
-        self._broadcast(batch, send.rail)
+        total = self._finished_sum(send.rail)
+        if total is not None and (self.all_rails or self.topology.local_rank == send.rail):
+            mean = total / self.topology.num_nodes
+            # Heat divides in the sent precision: the mean is rounded once more.
+            self.flat.data[...] = round_to(mean, self.half.kind) if send.cast and self.half \
+                else mean
+        # With all rails every rank has read the same sum: the node is equal.
+        self._broadcast(batch, send.rail, equal=self.all_rails)
         self.check_finite()
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
@@ -205,10 +254,12 @@ class DASO(Strategy):
     def state_dict(self) -> dict:
         """Both schedules (nothing is in flight at an epoch's end: its last sync blocks)."""
         return dict(super().state_dict(), schedule=self.schedule.state_dict(),
-                    batch_schedule=self.batch_schedule.state_dict())
+                    batch_schedule=self.batch_schedule.state_dict(),
+                    node_identical=self.node_identical)
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict() returned."""
         super().load_state_dict(state)
         self.schedule.load_state_dict(state["schedule"])
         self.batch_schedule.load_state_dict(state["batch_schedule"])
+        self.node_identical = bool(state["node_identical"])

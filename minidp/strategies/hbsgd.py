@@ -52,7 +52,7 @@ class HierarchicalBulkSGD(Strategy):
     def step(self, batch: int) -> None:
         """Node gradient average and update; every K steps, the model average across nodes."""
         self.steps += 1
-        node_allreduce(self.flat.grad, self.topology, op="mean")
+        node_allreduce(self.grad_buffer, self.topology, op="mean")
         self.optimizer_step()
         if self.steps % self.config["k"] == 0 and self.topology.num_nodes > 1:
             self.average_parameters()

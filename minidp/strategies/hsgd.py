@@ -69,7 +69,7 @@ class HierarchicalSGD(Strategy):
         """One step of the two-level scheme (see the class docstring)."""
         self.steps += 1
         if self.config["average"] == "gradients":
-            allreduce(self.flat.grad, self.topology, "hierarchical", op="mean")
+            allreduce(self.grad_buffer, self.topology, "hierarchical", op="mean")
             self.optimizer_step()
             return
         self.optimizer_step()

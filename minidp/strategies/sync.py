@@ -18,8 +18,8 @@ class SyncSGD(Strategy):
         1. allreduce(grad, mean) over the world by the selected algorithm
            (``--allreduce``; default ``mpi``: MPI's own flat allreduce, the baseline;
            ``hierarchical``: node slices in the shared window, then the rails, with
-           the gradient buffer this rank's segment of the window, so zero-copy: what
-           ``hsgd`` runs).
+           the gradient buffer this rank's segment of the window (``grad_buffer``, a
+           NodeBuffer), so zero-copy: what ``hsgd`` runs).
            Every rank waits here for the slowest.
         2. optimizer.step() locally: no communication.
 
@@ -37,5 +37,5 @@ class SyncSGD(Strategy):
     def step(self, batch: int) -> None:
         """Average the gradients over every rank, then update."""
         self.steps += 1
-        allreduce(self.flat.grad, self.topology, self.algorithm, op="mean")
+        allreduce(self.grad_buffer, self.topology, self.algorithm, op="mean")
         self.optimizer_step()

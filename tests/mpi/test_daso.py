@@ -65,9 +65,11 @@ def equal_over(comm, x):
 
 
 @two_by_two
-def test_merge_formula_on_known_node_values():
+@pytest.mark.parametrize("sync", ["all", "rail"])
+def test_merge_formula_on_known_node_values(sync):
     t = topology(2)
-    s = build("daso", t)
+    s = build("daso", t, global_sync=sync)
+    s.node_identical = False  # the test makes the node's ranks differ by hand
     set_values(s, (8, 2, 2))  # send at batch 0, merge at batch 2 with weight 2 * 2
     s.begin_epoch(0, 10)
     for b, x in enumerate([t.node_id + 1.0, 10.0 * (t.node_id + 1) + t.local_rank, None]):
@@ -82,10 +84,11 @@ def test_merge_formula_on_known_node_values():
 
 
 @two_by_two
-def test_trace_shows_heats_decisions_and_the_ranks_agree_where_they_should():
+@pytest.mark.parametrize("sync", ["all", "rail"])
+def test_trace_shows_heats_decisions_and_the_ranks_agree_where_they_should(sync):
     tracer = set_tracer(Tracer(world.rank))
     t = topology(2)
-    s = build("daso", t, downcast="bf16")
+    s = build("daso", t, downcast="bf16", global_sync=sync)
     tracer.reset()  # count the epochs' inter-node messages, not the start-up broadcast
     heat, node_checks = HeatNode(t.local_size), []
     for epoch, (values, batches) in enumerate(EPOCHS):
@@ -102,9 +105,46 @@ def test_trace_shows_heats_decisions_and_the_ranks_agree_where_they_should():
         assert equal_over(world, s.flat.data)  # the last batch's blocking sync
     assert len(node_checks) > 20 and all(node_checks)
     sends_mine = sum(1 for e in tracer.events if e["name"] == "daso send"
-                     and e["args"]["rail"] == t.local_rank)
-    # only the rail of each sync crosses nodes: a ring over P nodes, 2 (P - 1) messages
+                     and (sync == "all" or e["args"]["rail"] == t.local_rank))
+    # rail: only the rail of each sync crosses nodes; all: every rail, with its slice;
+    # either way a ring over P nodes, 2 (P - 1) messages
     assert tracer.counters["messages_inter"] == sends_mine * 2 * (t.num_nodes - 1) > 0
+
+
+def run_epochs(sync, downcast="none", epochs=EPOCHS):
+    """EPOCHS with momentum; this rank's parameters and the inter-node bytes of its node."""
+    tracer = set_tracer(Tracer(world.rank))
+    t = topology(2)
+    s = build("daso", t, optimizer={"momentum": 0.9}, downcast=downcast, global_sync=sync)
+    tracer.reset()
+    for epoch, (values, batches) in enumerate(epochs):
+        set_values(s, values)
+        train_epoch(s, epoch, batches)
+    node_bytes = t.node.allreduce(tracer.counters["bytes_inter"])
+    return s.flat.data.copy(), node_bytes, s
+
+
+@two_by_two
+@pytest.mark.parametrize("downcast", ["none", "bf16"])
+def test_all_rails_compute_exactly_what_one_rail_does(downcast):
+    # blocking epochs on an identical node, then cycling with L = 2 (the node's momenta
+    # part), then blocking epochs on a node that is no longer identical
+    epochs = [((0, 0, 0), 3)] + EPOCHS
+    by_rails, bytes_all, s = run_epochs("all", downcast, epochs)
+    assert not s.node_identical
+    by_rail, bytes_rail, _ = run_epochs("rail", downcast, epochs)
+    np.testing.assert_array_equal(by_rails, by_rail)
+    assert bytes_all == bytes_rail > 0  # the same volume leaves the node, split over rails
+
+
+@two_by_two
+@pytest.mark.parametrize("sync", ["all", "rail"])
+def test_bf16_words_carry_two_bytes_per_parameter(sync):
+    blocking = [((0, 0, 0), 4), ((0, 0, 0), 3)]
+    x_full, bytes_full, s = run_epochs(sync, "none", blocking)
+    x16, bytes16, _ = run_epochs(sync, "bf16", blocking)
+    assert bytes16 * s.flat.data.itemsize // 2 == bytes_full > 0  # 2 bytes a word, not 8
+    assert 0 < np.abs(x16 - x_full).max() < 0.05  # rounded, not broken
 
 
 def train_run(s, losses, start=0, stop=None):

@@ -30,13 +30,23 @@ def test_backward_writes_into_the_flat_gradient_buffer():
         offset += p.grad.size
 
 
+class Memory:
+    """What rebind_grad takes (a NodeBuffer outside MPI): an object holding an array."""
+
+    def __init__(self, array):
+        self.array = array
+
+
 def test_rebind_grad_moves_gradients_into_another_buffer():
     model = layers.mlp(4, (3,), 2)
     flat = model.flat_parameters()
     flat.grad[...] = 7
     target = np.zeros(flat.size, np.float32)
-    flat.rebind_grad(target)
+    flat.rebind_grad(Memory(target))
     assert np.all(target == 7) and np.shares_memory(model.parameters()[0].grad, target)
+    assert flat.grad is target
+    with pytest.raises(ValueError, match=r"rebind_grad: buffer has shape \(3,\)"):
+        flat.rebind_grad(Memory(np.zeros(3, np.float32)))
 
 
 def test_named_parameters_order_and_keys_follow_pytorch():

@@ -1,0 +1,247 @@
+"""What every allreduce algorithm is made of: a request, and the waits its steps yield.
+
+An algorithm is a small subclass of :class:`AllreduceRequest` (ChainerMN's pattern: one
+class per algorithm over one base). Its :meth:`~AllreduceRequest.communicate` is a
+generator: it does the work it can do now and yields a :class:`Waiting` for each
+request it cannot go on without (a collective's ``Iallreduce``, a ring step's receive);
+its :meth:`~AllreduceRequest.finish` is what needs every rank of the node after the
+communication (the last shared-memory sync). The base drives the two::
+
+    start    (creating the request) run communicate() up to its first Waiting
+    test()   while the Waiting at hand has completed, run on to the next; never finish()
+    wait()   complete every Waiting under the guard, then finish(), then the mean
+
+so the blocking ``allreduce`` is a request started and at once waited on,
+``Algorithm(...).wait()``, and the non-blocking one is the same code with the caller's
+computation between the two.
+
+Accounting: a blocking operation is charged phase by phase as it runs (``comm_intra`` /
+``comm_inter``, :func:`~minidp.comm.network.charged`). A started one counts its
+background part (:meth:`~AllreduceRequest.communication`) when it starts, as a
+:class:`~minidp.comm.network.Pending` whose modelled time runs from there, and
+``wait()`` times what is left under the phase ``wait`` and sleeps the model's
+remainder. Phases done at the start or in ``finish()`` (the node's shared-memory work)
+are charged as they run in both forms.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+from mpi4py import MPI
+
+from minidp.comm import guard
+from minidp.comm.network import Pending, charged
+from minidp.comm.shared import NodeBuffer, SharedArray
+from minidp.comm.topology import Topology
+
+OPS = ("sum", "mean")
+TAG = 7301  # point-to-point tags of the flat algorithms: TAG .. TAG + 4
+
+Buffer = np.ndarray | NodeBuffer  # what an allreduce reduces in place
+
+
+def as_array(buffer: Buffer) -> np.ndarray:
+    """The NumPy array a buffer is (a NodeBuffer's segment)."""
+    return buffer.array if isinstance(buffer, NodeBuffer) else buffer
+
+
+def chunk_bounds(n: int, parts: int) -> list[int]:
+    """Boundaries of ``parts`` contiguous chunks of n elements, sizes differing by <= 1."""
+    return [i * n // parts for i in range(parts + 1)]
+
+
+def node_bytes(buf: np.ndarray, topology: Topology) -> int:
+    """Bytes a rank moves through the node's shared memory: none when it is alone."""
+    return buf.nbytes if topology.local_size > 1 else 0
+
+
+def node_window(buffer: Buffer, topology: Topology) -> tuple[SharedArray, bool]:
+    """The window a node reduction works in, and whether that is without copies.
+
+    A :class:`NodeBuffer` is reduced in its own window. A plain array is copied into
+    the workspace's scratch window (and the caller copies the result back out).
+    """
+    if isinstance(buffer, NodeBuffer):
+        if buffer.node is not topology.node:
+            raise ValueError(f"rank {topology.rank}: {buffer!r} is a segment of another "
+                             "topology's node window; make it with shared_buffer(topology, "
+                             "...) of the topology that reduces it")
+        return buffer.window, True
+    shared = topology.workspace.window(buffer.size, buffer.dtype)
+    shared.segment[...] = buffer
+    return shared, False
+
+
+def shared_buffer(topology: Topology, size: int, dtype: Any, name: str = "buffer"
+                  ) -> NodeBuffer:
+    """This rank's segment of the node window ``name``, which the node reduces in place.
+
+    Placing a model's flat gradients there (``FlatParameters.rebind_grad``) and handing
+    the NodeBuffer to ``allreduce`` or ``node_allreduce`` makes the intra-node level
+    zero-copy. Kept by ``topology.workspace``: the same (size, dtype, name) gives the
+    same buffer; use one name per buffer that must not share storage with another.
+    """
+    return topology.workspace.node_buffer(size, dtype, name)
+
+
+class Waiting:
+    """A request an algorithm cannot go on without, and the guarded wait that completes it.
+
+    Args:
+        request: the started MPI request.
+        comm: the communicator it is on.
+        label: what the status board and a timeout call this wait.
+        peer: for a point-to-point request, the rank that can complete it (a timeout
+            names it); None for a collective (a timeout names every missing rank).
+    """
+
+    __slots__ = ("request", "comm", "label", "peer")  # one per message: kept light
+
+    def __init__(self, request: MPI.Request, comm: MPI.Comm, label: str,
+                 peer: int | None = None) -> None:
+        self.request, self.comm, self.label, self.peer = request, comm, label, peer
+
+    def done(self) -> bool:
+        """Whether it has completed (then it is also waited on).
+
+        The wait on a completed request returns at once; it is there so that the status
+        board counts the same calls on every rank, whether test() or wait() completed it.
+        """
+        if not self.request.Test():
+            return False
+        self.wait()
+        return True
+
+    def wait(self) -> None:
+        """Complete it, or raise CommTimeout naming who never came."""
+        if self.peer is None:
+            guard.wait(self.request, self.comm, self.label)
+        else:
+            guard.wait_peer(self.request, self.comm, [self.peer], self.label)
+
+
+def exchange(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
+             tag: int, label: str) -> Iterator[Waiting]:
+    """:func:`guard.sendrecv` as waits to yield: the receive (naming source), then the send."""
+    receiving = comm.Irecv(recv, source=source, tag=tag)
+    sending = comm.Isend(send, dest=dest, tag=tag)
+    yield Waiting(receiving, comm, label, source)
+    yield Waiting(sending, comm, label, dest)
+
+
+_UNTIMED = contextlib.nullcontext()  # a blocking operation's wait: its phases time it
+
+
+class AllreduceRequest(abc.ABC):
+    """An allreduce in progress on this rank: ``test()`` progresses it, ``wait()`` ends it.
+
+    Each algorithm is a subclass. Creating one starts it: its communication runs up to
+    the first request it must wait for. ``wait()`` completes the rest under the guard
+    (timed under the phase ``wait`` when started, sleeping what is left of the network
+    model's time, counted from the start), runs the algorithm's finish (for the
+    hierarchical ones a node-wide sync, so every rank of the node must call ``wait()``),
+    divides by the number of ranks for a mean, and returns the reduced array.
+
+    Args:
+        buffer: what is reduced in place (a NodeBuffer: in its window, where the
+            algorithm works through the node's shared memory).
+        topology: the ranks it spans.
+        started: whether the caller computes between the start and ``wait()``.
+        op: "sum" or "mean".
+        check_finite: raise FloatingPointError (naming the rank and the first bad
+            element) unless the result is all finite.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, buffer: Buffer, topology: Topology, started: bool, op: str = "sum",
+                 check_finite: bool = False) -> None:
+        self.buffer, self.array = buffer, as_array(buffer)
+        self.topology, self.started = topology, started
+        self.op, self.check_finite = op, check_finite
+        self.ranks = topology.size  # how many ranks' buffers the sum adds (a mean's divisor)
+        self.pending: Pending | None = None  # the started form's background part
+        self.done = False
+        self._steps = self.communicate()
+        self._waiting: Waiting | None = next(self._steps, None)
+
+    @abc.abstractmethod
+    def communicate(self) -> Iterator[Waiting]:
+        """Do the work that can be done now; yield each request the rest depends on."""
+
+    def finish(self) -> None:
+        """What needs every rank of the node once the communication is over (wait() only).
+
+        Most algorithms have nothing left to do here.
+        """
+
+    def communication(self, level: str, operation: str, started_operation: str,
+                      messages: int, nbytes: float) -> contextlib.AbstractContextManager[None]:
+        """Charge the part of the operation that may run in the background of the caller.
+
+        Blocking: charged as ``operation``, its phase spanning the waits yielded inside
+        (the start and wait() follow each other at once). Started: counted now as
+        ``started_operation``; ``wait()`` times the rest.
+        """
+        if not self.started:
+            return charged(level, operation, messages, nbytes)
+        self.pending = Pending(level, started_operation, messages, nbytes)
+        return _UNTIMED
+
+    def test(self) -> bool:
+        """Progress the communication; True once it has completed (then call wait())."""
+        while self._waiting is not None and self._waiting.done():
+            self._waiting = next(self._steps, None)
+        return self._waiting is None
+
+    def wait(self) -> np.ndarray:
+        """Block until complete and finish the reduction (idempotent); returns the array."""
+        if self.done:
+            return self.array
+        try:
+            with self.pending.waiting() if self.pending is not None else _UNTIMED:
+                while self._waiting is not None:
+                    self._waiting.wait()
+                    self._waiting = next(self._steps, None)
+        except BaseException:
+            # Close the algorithm's open phases now, not whenever it is collected.
+            self._steps.close()
+            raise
+        self.finish()
+        array = self.array
+        if self.op == "mean" and self.ranks > 1:
+            array /= self.ranks
+        if self.check_finite and not np.all(np.isfinite(array)):
+            bad = int(np.flatnonzero(~np.isfinite(array))[0])
+            raise FloatingPointError(f"rank {self.topology.rank}: allreduce result is not "
+                                     f"finite (first at element {bad}: {array[bad]})")
+        self.done = True
+        return array
+
+
+class FlatAllreduce(AllreduceRequest):
+    """An algorithm over the world's ranks as one group, charged as a whole.
+
+    Its level is the world's (``inter`` once the world spans nodes), its cost what one
+    rank sends (:meth:`traffic`); the blocking form is charged as ``name``, the started
+    one as ``started_name``. A subclass writes its messages in ``communicate()`` inside
+    ``with self.whole():``.
+    """
+
+    started_name: ClassVar[str]
+
+    @staticmethod
+    @abc.abstractmethod
+    def traffic(ranks: int, nbytes: int) -> tuple[int, float]:
+        """(messages, bytes) one rank sends for a buffer of ``nbytes`` over ``ranks``."""
+
+    def whole(self) -> contextlib.AbstractContextManager[None]:
+        """The whole exchange as one charged operation at the world's level."""
+        return self.communication("inter" if self.topology.num_nodes > 1 else "intra",
+                                  self.name, self.started_name,
+                                  *self.traffic(self.topology.size, self.array.nbytes))
