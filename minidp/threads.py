@@ -14,14 +14,35 @@ sets the thread count itself, before the first matmul, from the first of:
 ``python -m minidp info`` prints the count and which of these chose it. A bad value
 cannot break ``import minidp`` (the next source decides instead); :func:`check` makes
 it a user error naming the variable when training starts.
+
+The counts minidp fills in are its own defaults, not the user's settings, and must not
+pass for them in a child process: ``minidp compare`` imports minidp (one process, all
+cores: 2 threads here) and then launches ``mpiexec`` jobs, whose ranks would otherwise
+read the inherited ``OMP_NUM_THREADS=2`` as the user's choice and run 4 ranks x 2
+threads on 2 cores. So the variables filled in are also listed, with their values, in
+``MINIDP_THREAD_DEFAULTS``; a process that finds a variable still at the value listed
+there treats it as unset and decides again from its own launcher's environment.
 """
 
 from __future__ import annotations
 
 import os
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "NUMBA_NUM_THREADS")
+DEFAULTS_VARIABLE = "MINIDP_THREAD_DEFAULTS"
+
+
+def _inherited_defaults() -> set[str]:
+    """Thread variables that still hold the value a parent minidp process filled in."""
+    listed = (item.split("=", 1) for item in os.environ.get(DEFAULTS_VARIABLE, "").split(",")
+              if "=" in item)
+    return {name for name, value in listed if os.environ.get(name) == value}
+
+
 # As the user's environment had it, before set_thread_environment() fills in defaults.
-_USER_OMP = os.environ.get("OMP_NUM_THREADS", "")
+_INHERITED = _inherited_defaults()
+_USER_OMP = "" if "OMP_NUM_THREADS" in _INHERITED else os.environ.get("OMP_NUM_THREADS", "")
 
 _LOCAL_SIZE_VARIABLES = (
     "MPI_LOCALNRANKS",
@@ -29,10 +50,6 @@ _LOCAL_SIZE_VARIABLES = (
     "MV2_COMM_WORLD_LOCAL_SIZE",
     "SLURM_NTASKS_PER_NODE",
 )
-
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                     "NUMBA_NUM_THREADS")
-
 
 def local_rank_count() -> int:
     """Number of ranks on this node according to the launcher, 1 outside mpiexec."""
@@ -85,14 +102,17 @@ def set_thread_environment() -> int:
     """Export thread counts for libraries not yet loaded; returns the count chosen.
 
     Called before NumPy is imported, so OpenBLAS/MKL start with the right pool size.
-    Explicit user settings of the library-specific variables are respected.
+    Explicit user settings of the library-specific variables are respected; the ones
+    filled in are listed in ``MINIDP_THREAD_DEFAULTS`` (see the module docstring).
     """
     n = threads_per_rank()
+    filled = []
     for name in THREAD_VARIABLES:
-        if name == "OMP_NUM_THREADS" and not _count(_USER_OMP):
-            os.environ["OMP_NUM_THREADS"] = str(n)  # unset or unusable: ours
-        else:
-            os.environ.setdefault(name, str(n))
+        users = "" if name in _INHERITED else os.environ.get(name, "")
+        if not users or (name == "OMP_NUM_THREADS" and not _count(users)):
+            os.environ[name] = str(n)  # unset, a parent's default, or unusable: ours
+            filled.append(f"{name}={n}")
+    os.environ[DEFAULTS_VARIABLE] = ",".join(filled)
     return n
 
 

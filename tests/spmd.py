@@ -5,6 +5,12 @@ Every launch runs in its own process group (``start_new_session``) under
 ``MPIEXEC_TIMEOUT`` (MPICH's own watchdog) and a subprocess timeout a little longer
 that kills the whole group if even the watchdog fails. Shared-memory files that a
 killed job leaves in /dev/shm are removed, but only those this launch created.
+
+MPICH's launcher does not always report its own watchdog in its exit status: under load,
+Hydra has been seen to print ``APPLICATION TIMED OUT`` and exit 0. A launch whose
+watchdog fired is a failure whatever mpiexec returned, so the status is made non-zero
+(124, as timeout(1) uses) before any caller sees it; otherwise a deadlocked SPMD file
+could pass.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WATCHDOG_FIRED = "APPLICATION TIMED OUT"
 
 
 def mpiexec_path() -> str:
@@ -76,10 +83,13 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
     seconds = time.monotonic() - start
-    if killed or proc.returncode:
+    returncode = proc.returncode
+    if not killed and returncode == 0 and WATCHDOG_FIRED in output:
+        returncode = 124
+    if killed or returncode:
         for leftover in _shm_files() - shm_before:
             try:
                 os.remove(leftover)
             except OSError:
                 pass
-    return Launch(None if killed else proc.returncode, output, seconds, killed)
+    return Launch(None if killed else returncode, output, seconds, killed)

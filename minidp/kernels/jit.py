@@ -7,6 +7,15 @@ every kernel for float32 and float64 inside it: the first rank of a node compile
 and writes the cache, the others wait on the lock and then only load. A file lock
 needs no MPI, so kernels stay below the communication layer.
 
+Once every kernel is in the cache, loading them all still costs each process about half
+a second, most of it for kernels its model never calls (an MLP needs none of the
+convolution engines). So the process that filled the cache writes a stamp beside it,
+named by everything Numba's own cache index depends on (Numba and Python versions,
+the CPU, each kernel module's path, size and modification time); a process that finds
+the stamp takes no lock and loads nothing up front: Numba loads each kernel from the
+cache at its first call (about 15 ms). Editing a kernel file, another CPU sharing the
+directory, or another Numba makes another stamp name, and the cache is filled again.
+
 The cache and its lock live in a per-user directory: ``NUMBA_CACHE_DIR`` when set,
 else ``$XDG_CACHE_HOME/minidp/numba`` (``~/.cache/minidp/numba``), so users of one
 node never share (or block on) each other's files. The lock is waited for at most
@@ -22,11 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 
+import llvmlite.binding as llvm
 import numba
 import numpy as np
 
@@ -113,12 +125,34 @@ def node_lock(path: str, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def cache_stamp() -> str:
+    """The path of the stamp saying the cache holds every kernel as its source is now."""
+    parts = [numba.__version__, sys.version, llvm.get_process_triple(),
+             llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()]
+    for path in sorted({sys.modules[warm.__module__].__file__ for warm in _warmups}):
+        status = os.stat(path)
+        parts.append(f"{path} {status.st_size} {status.st_mtime_ns}")
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+    return os.path.join(cache_dir(), f"minidp-jit-{digest}.complete")
+
+
 def ensure_compiled() -> None:
-    """Compile or load every registered kernel, one process per node at a time."""
+    """Make sure every registered kernel is in the cache, one process per node at a time.
+
+    Without the stamp (:func:`cache_stamp`), the first process compiles every kernel
+    for float32 and float64 under the node's lock, then writes the stamp; the others wait
+    on the lock and find it. With the stamp, nothing is loaded until a kernel is called.
+    """
     if _state["ready"] or not jit_enabled():
         return
-    with node_lock(os.path.join(cache_dir(), "minidp-jit.lock")):
-        for warm in _warmups:
-            for dtype in (np.float32, np.float64):
-                warm(dtype)
+    stamp = cache_stamp()
+    if not os.path.exists(stamp):
+        with node_lock(os.path.join(cache_dir(), "minidp-jit.lock"), LOCK_TIMEOUT_S):
+            if not os.path.exists(stamp):
+                for warm in _warmups:
+                    for dtype in (np.float32, np.float64):
+                        warm(dtype)
+                with open(stamp, "w") as f:
+                    f.write(f"every kernel compiled by pid {os.getpid()} on "
+                            f"{socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     _state["ready"] = True

@@ -1,10 +1,13 @@
 """Thread and allocator settings that minidp makes for itself."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+import numba
+import numpy as np
 import pytest
 
 from minidp.threads import THREAD_VARIABLES
@@ -26,6 +29,35 @@ def test_one_thread_per_rank_when_ranks_fill_the_cores():
     assert run(code, MPI_LOCALNRANKS=str(cores)) == "1"
     assert run(code, MPI_LOCALNRANKS="1") == str(cores)
     assert run(code, MINIDP_NUM_THREADS="1", MPI_LOCALNRANKS="1") == "1"
+
+
+def test_a_parents_defaults_are_not_taken_for_the_users_setting():
+    # A process that imported minidp (all cores, one rank) launches ranks that share the
+    # cores, as `minidp compare` does: they decide again, and a user's setting still wins.
+    cores = len(os.sched_getaffinity(0))
+    child = ("import minidp, json, threadpoolctl; from minidp import threads; "
+             "print(json.dumps([threads.choice(), "
+             "max(p['num_threads'] for p in threadpoolctl.threadpool_info())]))")
+    parent = ("import os, subprocess, sys, minidp; "
+              "print(os.environ['OMP_NUM_THREADS'], os.environ['MINIDP_THREAD_DEFAULTS']); "
+              "sys.stdout.flush(); "
+              f"subprocess.run([sys.executable, '-c', {child!r}], env=dict(os.environ, "
+              f"MPI_LOCALNRANKS='{cores}', **dict(a.split('=') for a in sys.argv[1:])))")
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("MINIDP_NUM_THREADS", "MINIDP_THREAD_DEFAULTS", *THREAD_VARIABLES)}
+    full["MPI_LOCALNRANKS"] = "1"
+
+    def launch(*overrides):
+        out = subprocess.run([sys.executable, "-c", parent, *overrides], env=full,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+        return out[0], json.loads(out[1])
+
+    exported, (choice, pool) = launch()
+    assert exported == (f"{cores} OMP_NUM_THREADS={cores},OPENBLAS_NUM_THREADS={cores},"
+                        f"MKL_NUM_THREADS={cores},NUMBA_NUM_THREADS={cores}")
+    assert choice == [1, f"{cores} core(s) / {cores} rank(s) on this node"] and pool == 1
+    _, (choice, pool) = launch("OMP_NUM_THREADS=3")  # changed after the parent: the user's
+    assert choice == [3, "OMP_NUM_THREADS=3"] and pool == 3
 
 
 def test_an_explicit_thread_setting_is_honoured_and_reported():
@@ -79,6 +111,48 @@ def test_the_jit_lock_is_per_user_and_a_stuck_holder_is_named(tmp_path):
     assert open(path).read() == ""  # released: no stale holder named
     with jit.node_lock(path, timeout=0.5):
         pass
+
+
+def test_a_filled_kernel_cache_is_stamped_and_then_loaded_lazily(tmp_path, monkeypatch):
+    from minidp.kernels import jit
+
+    if not jit.jit_enabled():
+        pytest.skip("NUMBA_DISABLE_JIT=1: no kernel cache")
+    # a kernel module of its own, whose warm-up only records the dtypes it was called with
+    source = tmp_path / "fake_kernels.py"
+    source.write_text("calls = []\n\ndef warm(dtype):\n    calls.append(dtype)\n")
+    spec = importlib.util.spec_from_file_location("fake_kernels", source)
+    kernels = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "fake_kernels", kernels)
+    spec.loader.exec_module(kernels)
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(cache))
+    monkeypatch.setattr(jit, "_warmups", [kernels.warm])
+    monkeypatch.setattr(jit, "LOCK_TIMEOUT_S", 0.3)
+    monkeypatch.setitem(jit._state, "ready", False)
+    stamp = jit.cache_stamp()
+    assert os.path.dirname(stamp) == str(cache) and not os.path.exists(stamp)
+    jit.ensure_compiled()  # the first process fills the cache for both dtypes, then stamps
+    assert kernels.calls == [np.float32, np.float64] and os.path.exists(stamp)
+    monkeypatch.setitem(jit._state, "ready", False)
+    # the next one neither warms nor waits for the lock (held here by another process)
+    lock = str(cache / "minidp-jit.lock")
+    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, time; f = open({lock!r}, "
+                               "'a+'); fcntl.flock(f, fcntl.LOCK_EX); print('held', "
+                               "flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        jit.ensure_compiled()
+        assert kernels.calls == [np.float32, np.float64]
+        # an edited kernel file is another stamp: the cache is filled again, under the lock
+        os.utime(source, ns=(0, source.stat().st_mtime_ns + 1))
+        assert jit.cache_stamp() != stamp
+        monkeypatch.setitem(jit._state, "ready", False)
+        with pytest.raises(TimeoutError, match="is still held after 0.3 s"):
+            jit.ensure_compiled()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_malloc_tuning_applies_unless_turned_off():
