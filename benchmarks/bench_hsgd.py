@@ -17,13 +17,14 @@ import subprocess
 import sys
 import tempfile
 
+from minidp.compare import mpiexec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(ranks: int, strategy: str, batch: int, args: argparse.Namespace, out: str) -> dict:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     env = {k: v for k, v in os.environ.items() if k != "MINIDP_NUM_THREADS"}
-    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
            "--model", args.model, "--dataset", "fashion-mnist", "--strategy", strategy,
            "--epochs", str(args.epochs), "--batch-size", str(batch), "--lr", "0.05",
            "--train-samples", str(args.train_samples), "--data-dir", args.data_dir,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 os.environ.setdefault("MINIDP_NUM_THREADS", "1")  # before minidp sets up its threads
-from minidp.compare import run_job  # noqa: E402
+from minidp.compare import mpiexec, run_job  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,8 +21,7 @@ def train_job(flags: list[str], out: str, ranks: int, timeout: float) -> dict | 
     Prints the command line; returns the run's summary, or None when the job failed or
     ran past ``timeout`` seconds (then its whole process group is killed).
     """
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
            *flags, "--out", out]
     shown = [os.path.relpath(c, ROOT) if c.startswith(ROOT + os.sep) else c for c in cmd]
     print("$ " + shlex.join(shown).replace(os.path.dirname(out), "$TMP"), flush=True)

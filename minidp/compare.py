@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,22 +106,40 @@ def check_train_flags(strategies: list[tuple[str, list[str]]], flags: list[str])
         from_args(args)
 
 
-def launcher(args: argparse.Namespace) -> str:
-    """The mpiexec to use: the option, else the one beside this Python, else PATH's."""
-    if args.mpiexec:
-        return args.mpiexec
+def mpiexec() -> str:
+    """The launcher: the mpiexec beside this Python (the mpich wheel's), else PATH's.
+
+    With ``make venv MPI=system`` there is none beside the interpreter, and the system
+    MPI's own (Open MPI's, a cluster's) is the one on PATH.
+    """
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return beside if os.path.exists(beside) else "mpiexec"
+    if os.path.exists(beside):
+        return beside
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise ValueError("mpiexec: none beside this Python and none on PATH, allowed: the "
+                         "mpich wheel's (pip install mpich) or a system MPI's on PATH")
+    return found
+
+
+def launcher(args: argparse.Namespace) -> str:
+    """The mpiexec to use: the option, else :func:`mpiexec`."""
+    return args.mpiexec or mpiexec()
 
 
 def run_job(command: list[str], timeout: float, env: dict[str, str] | None = None,
             cwd: str | None = None) -> tuple[int, str]:
     """Run one job in its own process group (a timeout kills every rank); status, output.
 
-    Also the job runner of the benchmarks and of ``simulate --validate``.
+    Also the job runner of the benchmarks and of ``simulate --validate``. The job gets
+    ``env``, by default this process's ``os.environ``, which Python copied at start-up:
+    importing minidp initialises MPI, and Open MPI's singleton then adds variables to
+    the process's C environment (PMIX_*, OMPI_MCA_ess=singleton, ...) that a child
+    ``mpiexec`` would inherit and fail on.
     """
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env=env, cwd=cwd)
+                            text=True, start_new_session=True,
+                            env=dict(os.environ) if env is None else env, cwd=cwd)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -27,7 +27,8 @@ import tempfile
 
 import numpy as np
 
-from minidp.compare import run_job
+from minidp.comm import mpi_library
+from minidp.compare import mpiexec, run_job
 from minidp.simulate import Setup, parse_strategies, table
 from minidp.simulate_costs import Epoch
 from minidp.simulate_measure import build_model, measure_step
@@ -109,15 +110,19 @@ def binding(cores: list[list[int]], ranks_per_node: int) -> list[str]:
     Without it, the kernel moves ranks between the machine's cores: a node whose peer
     node sleeps in the network model computes on both cores, one that shares a core
     with its own other rank waits at every barrier, and epochs vary by a third.
+    Only MPICH's launcher (Hydra) binds a rank to a list of cores from the command line;
+    under another MPI (Open MPI's ``mpiexec`` needs a rankfile) the ranks run unbound,
+    and the measured epochs vary more.
     """
+    if not mpi_library().startswith("MPICH"):
+        return []
     ranks = ["+".join(map(str, node)) for node in cores for _ in range(ranks_per_node)]
     return ["-bind-to", "user:" + ",".join(ranks)]
 
 
 def launch(ranks: int, flags: list[str], out: str, bind: list[str]) -> list[dict]:
     """Run one training job; its metrics.jsonl rows. Raises RuntimeError if it fails."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    cmd = [mpiexec, *bind, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp",
+    cmd = [mpiexec(), *bind, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp",
            "train", *flags, "--out", out]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("MPIEXEC_TIMEOUT", str(TIMEOUT_S - 30))

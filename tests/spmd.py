@@ -18,24 +18,32 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
+from minidp.compare import mpiexec as mpiexec_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WATCHDOG_FIRED = "APPLICATION TIMED OUT"
 
 
-def mpiexec_path() -> str:
-    """The mpiexec beside this Python (the mpich wheel's), else the one on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    found = here if os.path.exists(here) else shutil.which("mpiexec")
-    if not found:
-        raise RuntimeError("mpiexec not found beside the interpreter or on PATH; "
-                           "install the mpich wheel (pip install mpich) or a system MPI")
-    return found
+# What a launcher hands its ranks (MPICH's Hydra: PMI_*, HYDRA_*, MPI*; Open MPI's ORTE
+# and PMIx: OMPI_*, PMIX_*): a job started from inside a rank must not inherit it, or its
+# mpiexec takes itself for a part of the outer job. The Open MPI settings the Makefile
+# exports for MPI=system (oversubscription, root) are the user's and stay.
+LAUNCHER_PREFIXES = ("PMI_", "HYDRA_", "MPI", "OMPI_", "PMIX_")
+USER_SETTINGS = ("OMPI_MCA_rmaps_base_oversubscribe", "OMPI_ALLOW_RUN_AS_ROOT",
+                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+
+
+def environment_outside_mpi(**extra: str) -> dict[str, str]:
+    """This process's environment without its launcher's variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k in USER_SETTINGS or not k.startswith(LAUNCHER_PREFIXES)}
+    env.update(extra)
+    return env
 
 
 @dataclasses.dataclass

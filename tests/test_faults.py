@@ -57,9 +57,12 @@ def assert_ended_naming(launch, rank, kind, step, case):
                          launch.output), launch.output
         named = "CommTimeout of the others"
     else:
-        # MPICH's launcher ends the others, unless a peer's failed transfer ends it first
-        assert "Killed (signal 9)" in launch.output or peer_lost, launch.output
-        named = "PeerLost of a peer" if peer_lost else "launcher: Killed (signal 9), by pid"
+        # The launcher ends the others, unless a peer's failed transfer ends it first;
+        # MPICH's names the process by pid, Open MPI's by rank
+        open_mpi = re.search(rf"process rank {rank} .* exited on signal 9", launch.output)
+        assert "Killed (signal 9)" in launch.output or open_mpi or peer_lost, launch.output
+        named = "PeerLost of a peer" if peer_lost else "launcher: rank, signal 9" if open_mpi \
+            else "launcher: Killed (signal 9), by pid"
     print(f"fault matrix: {case} | {kind} | {launch.seconds:.1f} s | {named} | "
           f"exit {launch.returncode}")
 

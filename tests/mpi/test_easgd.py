@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 from mpi4py import MPI
+from spmd import environment_outside_mpi, mpiexec_path
 from strategy_runs import CLASSES, FEATURES, build
 from strategy_runs import sub_topology as topology
 
@@ -334,13 +335,11 @@ def test_a_killed_worker_ends_the_job(tmp_path):
     script.write_text(KILLED)
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
-    env.update(PYTHONPATH=os.pathsep.join([root, here]), MPIEXEC_TIMEOUT="100",
-               MINIDP_COMM_TIMEOUT="90")
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    env = environment_outside_mpi(PYTHONPATH=os.pathsep.join([root, here]),
+                                  MPIEXEC_TIMEOUT="100", MINIDP_COMM_TIMEOUT="90")
     started = time.monotonic()
-    proc = subprocess.Popen([mpiexec, "-n", "3", sys.executable, "-m", "mpi4py", str(script)],
-                            cwd=root, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([mpiexec_path(), "-n", "3", sys.executable, "-m", "mpi4py",
+                             str(script)], cwd=root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=120)
