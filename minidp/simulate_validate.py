@@ -104,7 +104,7 @@ def node_cores(nodes: int, cores_per_node: float | None) -> list[list[int]]:
     return [cores[p * c:(p + 1) * c] for p in range(nodes)]
 
 
-def binding(cores: list[list[int]], ranks_per_node: int) -> list[str]:
+def binding(cores: list[list[int]], ranks_per_node: int, library: str) -> list[str]:
     """The mpiexec flags that bind the ranks of virtual node p to its cores (Hydra's).
 
     Without it, the kernel moves ranks between the machine's cores: a node whose peer
@@ -114,7 +114,7 @@ def binding(cores: list[list[int]], ranks_per_node: int) -> list[str]:
     under another MPI (Open MPI's ``mpiexec`` needs a rankfile) the ranks run unbound,
     and the measured epochs vary more.
     """
-    if not mpi_library().startswith("MPICH"):
+    if not library.startswith("MPICH"):
         return []
     ranks = ["+".join(map(str, node)) for node in cores for _ in range(ranks_per_node)]
     return ["-bind-to", "user:" + ",".join(ranks)]
@@ -150,7 +150,8 @@ def _phase_epochs(epoch: Epoch, total: int, options: dict) -> list[int]:
 def compare(args: argparse.Namespace, setup: Setup) -> list[Comparison]:
     """Run each strategy ``--repeats`` times here; compare with its prediction per phase."""
     ranks = setup.nodes[0] * args.ranks_per_node
-    bind = binding(node_cores(setup.nodes[0], args.cores_per_node), args.ranks_per_node)
+    bind = binding(node_cores(setup.nodes[0], args.cores_per_node), args.ranks_per_node,
+                   mpi_library())
     rows = []
     with tempfile.TemporaryDirectory(prefix="minidp-simulate-") as tmp:
         for name in setup.strategies:

@@ -168,8 +168,11 @@ def test_command_prints_a_row_per_strategy_and_p_and_where_scaling_stops(capsys)
 
 
 def test_validation_binds_each_virtual_node_to_cores_of_its_own():
-    assert binding([[0], [1]], 2) == ["-bind-to", "user:0,0,1,1"]
-    assert binding([[0, 1], [2, 3]], 1) == ["-bind-to", "user:0+1,2+3"]
+    mpich = "MPICH Version:      5.0.2"
+    assert binding([[0], [1]], 2, mpich) == ["-bind-to", "user:0,0,1,1"]
+    assert binding([[0, 1], [2, 3]], 1, mpich) == ["-bind-to", "user:0+1,2+3"]
+    # Open MPI's mpiexec takes no per-rank core list on its command line: unbound
+    assert binding([[0], [1]], 2, "Open MPI v4.1.4, package: Debian OpenMPI") == []
     with pytest.raises(ValueError, match="--nodes: got 100000 with --validate, allowed: at most"):
         node_cores(100000, None)
     with pytest.raises(ValueError, match="--cores-per-node: got 0.5 for 1 virtual nodes"):
