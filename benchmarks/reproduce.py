@@ -1,6 +1,6 @@
 r"""Regenerate docs/reproduction.md: each seed paper's headline claim, measured here.
 
-    .venv/bin/python benchmarks/reproduce.py                 # about 15 min on 2 cores
+    .venv/bin/python benchmarks/reproduce.py                 # about 5 min on 2 cores
     .venv/bin/python benchmarks/reproduce.py --only daso     # one claim
 
 Every claim is a set of training jobs (``mpiexec ... python -m mpi4py -m minidp train``,
