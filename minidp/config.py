@@ -28,7 +28,9 @@ from minidp import faults
 from minidp.comm import ALLREDUCE_ALGORITHMS
 from minidp.io.datasets import DATASETS
 from minidp.io.readers import READERS
-from minidp.layers import MODELS
+from minidp.layers import MODELS, Parameter
+from minidp.optim import LARS, SGD, CosineLR, PolynomialLR, Schedule, StepLR
+from minidp.optim.schedules import WarmupLR
 from minidp.strategies import names, strategy_class
 
 OPTIMIZERS = ("sgd", "lars")
@@ -108,6 +110,26 @@ class TrainConfig:
             raise ValueError(f"--global-batch-size: got {self.global_batch_size}, allowed: a "
                              f"multiple of the {workers} workers (at least one sample each)")
         return self.global_batch_size // workers
+
+    def build_optimizer(self, params: list[Parameter]) -> SGD | LARS:
+        """The local optimizer: --optimizer with --lr, --momentum, --weight-decay, ..."""
+        if self.optimizer == "lars":
+            return LARS(params, lr=self.lr, momentum=self.momentum,
+                        weight_decay=self.weight_decay,
+                        trust_coefficient=self.trust_coefficient)
+        return SGD(params, lr=self.lr, momentum=self.momentum, nesterov=self.nesterov,
+                   weight_decay=self.weight_decay)
+
+    def lr_schedule(self, steps_per_epoch: int) -> Schedule:
+        """--schedule over the run's steps, after --warmup-epochs of linear warm-up."""
+        total = self.epochs * steps_per_epoch
+        schedule = {"constant": lambda: Schedule(self.lr),
+                    "cosine": lambda: CosineLR(self.lr, total),
+                    "step": lambda: StepLR(self.lr, max(1, total // 3)),
+                    "poly": lambda: PolynomialLR(self.lr, total)}[self.schedule]()
+        if self.warmup_epochs:
+            schedule = WarmupLR(schedule, self.warmup_epochs * steps_per_epoch)
+        return schedule
 
     def check(self) -> TrainConfig:
         """Raise ValueError/TypeError naming the first bad setting; returns self."""

@@ -41,10 +41,7 @@ def build_model(name: str, dataset: str, dtype: str) -> Module:
     """The model ``train`` builds for this data set, in ``dtype``."""
     from minidp import layers
 
-    shape = DATASETS[dataset][0]
-    if name == "mlp":
-        return layers.mlp(int(np.prod(shape)), num_classes=10).to(np.dtype(dtype))
-    return layers.MODELS[name](in_channels=shape[0], num_classes=10).to(np.dtype(dtype))
+    return layers.model_for(name, DATASETS[dataset][0], 10).to(np.dtype(dtype))
 
 
 def _median_seconds(fn: Callable[[], object], runs: int, warmup: int = 3) -> float:

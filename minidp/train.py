@@ -46,8 +46,7 @@ from minidp.console import Explainer, Progress, explain_steps
 from minidp.io.datasets import NORMALIZATION, normalize
 from minidp.io.readers import epoch_rng
 from minidp.io.training_data import open_training_data
-from minidp.optim import LARS, SGD, CosineLR, LRScheduler, PolynomialLR, Schedule, StepLR
-from minidp.optim.schedules import WarmupLR
+from minidp.optim import LRScheduler
 from minidp.report import RunFiles
 from minidp.stopping import Stopped, StopSignal
 from minidp.trace import PHASES, Tracer, set_tracer
@@ -89,12 +88,12 @@ class Trainer:
         self.mean, self.std = NORMALIZATION[c.dataset]
         self.dtype = np.dtype(c.dtype)
         self.model = self._build_model()
-        self.optimizer = self._build_optimizer()
+        self.optimizer = c.build_optimizer(self.model.parameters())
         if explained and self.rank == 0:
             Explainer.introduce(strategies.strategy_class(c.strategy))
         self.strategy = strategies.get(c.strategy, self.model, self.optimizer, t,
                                        allreduce=c.allreduce, **c.options)
-        schedule = self._schedule()
+        schedule = c.lr_schedule(self.batches)
         self.strategy.plan(c.epochs, self.batch_size, schedule)
         self.scheduler = LRScheduler(self.optimizer, schedule)
         self.slowdown = c.slowdowns().get(self.rank, 1.0)
@@ -111,33 +110,11 @@ class Trainer:
     def _build_model(self) -> layers.Module:
         shape, classes = self.data.header.sample_shape, self.data.header.num_classes
         layers.manual_seed(self.config.seed)  # rank 0's draw is broadcast by the strategy
-        name = self.config.model
-        if name == "mlp":
-            model = layers.mlp(int(np.prod(shape)), num_classes=classes)
-        else:
-            model = layers.MODELS[name](in_channels=shape[0], num_classes=classes)
+        model = layers.model_for(self.config.model, shape, classes)
         for _, module in model.named_modules():
             if isinstance(module, layers.Dropout):  # independent masks on every rank
                 module.rng = np.random.default_rng([self.config.seed, self.rank])
         return model.to(self.dtype)
-
-    def _build_optimizer(self) -> SGD | LARS:
-        c = self.config
-        if c.optimizer == "lars":
-            return LARS(self.model.parameters(), lr=c.lr, momentum=c.momentum,
-                        weight_decay=c.weight_decay, trust_coefficient=c.trust_coefficient)
-        return SGD(self.model.parameters(), lr=c.lr, momentum=c.momentum, nesterov=c.nesterov,
-                   weight_decay=c.weight_decay)
-
-    def _schedule(self) -> Schedule:
-        c, total = self.config, self.config.epochs * self.batches
-        schedule = {"constant": lambda: Schedule(c.lr),
-                    "cosine": lambda: CosineLR(c.lr, total),
-                    "step": lambda: StepLR(c.lr, max(1, total // 3)),
-                    "poly": lambda: PolynomialLR(c.lr, total)}[c.schedule]()
-        if c.warmup_epochs:
-            schedule = WarmupLR(schedule, c.warmup_epochs * self.batches)
-        return schedule
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -13,11 +13,11 @@ from minidp.layers.basic import (
 )
 from minidp.layers.flat import FlatParameters, Parameter
 from minidp.layers.init import manual_seed
-from minidp.layers.models import MODELS, cifar_cnn, lenet5, mlp, resnet20
+from minidp.layers.models import MODELS, cifar_cnn, lenet5, mlp, model_for, resnet20
 from minidp.layers.module import LayerInputError, Module
 
 __all__ = [
     "AvgPool2d", "BatchNorm2d", "Conv2d", "Dropout", "FlatParameters", "Flatten",
     "LayerInputError", "Linear", "MODELS", "MaxPool2d", "Module", "Parameter", "ReLU",
-    "Sequential", "cifar_cnn", "lenet5", "manual_seed", "mlp", "resnet20",
+    "Sequential", "cifar_cnn", "lenet5", "manual_seed", "mlp", "model_for", "resnet20",
 ]

@@ -6,6 +6,7 @@ Each factory returns a Module whose parameters already live in flat buffers
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from minidp import ops
@@ -140,3 +141,10 @@ def resnet20(in_channels: int = 3, num_classes: int = 10) -> Module:
 
 
 MODELS = {"mlp": mlp, "lenet5": lenet5, "cifar_cnn": cifar_cnn, "resnet20": resnet20}
+
+
+def model_for(name: str, sample_shape: tuple[int, ...], num_classes: int) -> Module:
+    """Model ``name`` for samples of ``sample_shape`` (C, H, W), or flattened for the MLP."""
+    if name == "mlp":
+        return mlp(math.prod(sample_shape), num_classes=num_classes)
+    return MODELS[name](in_channels=sample_shape[0], num_classes=num_classes)
