@@ -52,8 +52,7 @@ def main():
           f"{len(data.x_test)} test); model {args.model}; "
           f"{minidp.threads.threads_per_rank()} thread(s)")
     layers.manual_seed(args.seed)
-    model = layers.MODELS[args.model](in_channels=data.sample_shape[0]) \
-        if args.model != "mlp" else layers.mlp(int(np.prod(data.sample_shape)))
+    model = layers.model_for(args.model, data.sample_shape, data.num_classes)
     opt = SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     steps_per_epoch = len(data.x_train) // args.batch_size
     scheduler = LRScheduler(opt, CosineLR(args.lr, args.epochs * steps_per_epoch)) \

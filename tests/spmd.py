@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from minidp.compare import mpiexec as mpiexec_path
+from minidp.compare import mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WATCHDOG_FIRED = "APPLICATION TIMED OUT"
@@ -78,7 +78,7 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
                     PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     full_env.update(env or {})
     runner = ["-m", "mpi4py"] if under_mpi4py else []
-    cmd = [mpiexec_path(), "-n", str(nprocs), sys.executable, *runner, *args]
+    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, *runner, *args]
     shm_before = _shm_files()
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from spmd import ROOT, mpiexec_path
+from spmd import ROOT, mpiexec
 
 from minidp.console import explain_steps
 
@@ -22,7 +22,7 @@ def test_explain_steps_come_from_the_flag_else_the_environment(monkeypatch):
 
 def test_explain_prints_each_ranks_communications_of_the_first_steps(tmp_path,
                                                                      synthetic_data_dir):
-    command = [mpiexec_path(), "-n", "4", sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
+    command = [mpiexec(), "-n", "4", sys.executable, "-m", "mpi4py", "-m", "minidp", "train",
                "--model", "mlp", "--dataset", "synthetic", "--data-dir", synthetic_data_dir,
                "--train-samples", "512", "--test-samples", "256", "--epochs", "1",
                "--batch-size", "32", "--strategy", "hsgd", "--ranks-per-node", "2",

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 from mpi4py import MPI
-from spmd import environment_outside_mpi, mpiexec_path
+from spmd import environment_outside_mpi, mpiexec
 from strategy_runs import CLASSES, FEATURES, build
 from strategy_runs import sub_topology as topology
 
@@ -338,7 +338,7 @@ def test_a_killed_worker_ends_the_job(tmp_path):
     env = environment_outside_mpi(PYTHONPATH=os.pathsep.join([root, here]),
                                   MPIEXEC_TIMEOUT="100", MINIDP_COMM_TIMEOUT="90")
     started = time.monotonic()
-    proc = subprocess.Popen([mpiexec_path(), "-n", "3", sys.executable, "-m", "mpi4py",
+    proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py",
                              str(script)], cwd=root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -14,7 +14,7 @@ from minidp.threads import THREAD_VARIABLES
 
 
 def run(code, **env):
-    # this pytest process exported its own thread counts when it imported minidp
+    # each case sets its own thread variables: none of the caller's may decide it
     full = {k: v for k, v in os.environ.items()
             if k not in ("MINIDP_NUM_THREADS", *THREAD_VARIABLES)}
     full.update(env)
