@@ -1,10 +1,15 @@
-"""The array module behind every Tensor: NumPy on the CPU, CuPy on an NVIDIA GPU.
+"""The array module behind every Tensor (NumPy on the CPU, CuPy on a GPU), and staging.
 
 minidp never imports ``cupy`` at module level: the GPU backend is chosen with
 ``MINIDP_BACKEND=cupy`` or :func:`set_backend`, and asking for it on a machine
 without a GPU is a clear ``RuntimeError`` at that moment, not a crash deep inside
 an op. Every op gets its array module from its inputs (:func:`array_module`), so
 NumPy and CuPy arrays are never mixed silently.
+
+Devices are named as in PyTorch: ``"cpu"`` (NumPy arrays) and ``"cuda"`` (CuPy arrays
+on this process's GPU). :class:`Staging` moves one host array to and from its device
+twin through page-locked memory, the way the Trainer's GPU replica exchanges
+parameters and gradients with the host buffers the strategies reduce.
 """
 
 from __future__ import annotations
@@ -103,6 +108,95 @@ def to_device(a: Any) -> Any:
     if _state["name"] == "numpy":
         return to_host(a)
     return _state["xp"].asarray(a)
+
+
+DEVICES = ("cpu", "cuda")
+
+
+def device_module(device: str) -> ModuleType:
+    """The array module of ``device``: NumPy for ``"cpu"``, CuPy for ``"cuda"``.
+
+    Raises:
+        ValueError: an unknown device name.
+        RuntimeError: ``"cuda"`` without cupy or without a visible GPU.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"device: got {device!r}, allowed: {', '.join(map(repr, DEVICES))}")
+    return numpy if device == "cpu" else _import_cupy()
+
+
+def to_module(a: Any, xp: ModuleType) -> Any:
+    """``a`` as an array of module ``xp`` (a copy across host and device, else no copy)."""
+    return to_host(a) if xp is numpy else xp.asarray(a)
+
+
+def like(value: Any, target: Any) -> Any:
+    """``value`` as an array on the device ``target`` lives on (to assign into it)."""
+    return to_module(value, array_module(target))
+
+
+class Staging:
+    """One host array and its device twin, copied between them through page-locked memory.
+
+    On a GPU the host array itself is page-locked (``cudaHostRegister``): copies are then
+    DMA straight into the memory the strategies reduce (a node window's segment, say),
+    with no second host copy. Where CUDA refuses (memory another mapping already locked),
+    a page-locked twin of the host array is used and the copy goes through it.
+    ``upload`` runs on a side stream and only makes the compute stream wait for it, so
+    the host goes on (to prepare the next batch) while the bytes move. On the CPU
+    (``device`` a NumPy array: the host replica of ``MINIDP_HOST_REPLICA``) both are
+    plain copies, so every staging point can be checked without a GPU.
+
+    Args:
+        host: a C-contiguous NumPy array that stays in place (its memory is locked).
+        device: the device array of the same shape and dtype.
+    """
+
+    def __init__(self, host: numpy.ndarray, device: Any) -> None:
+        if host.shape != device.shape or host.dtype != device.dtype:
+            raise ValueError(f"staging: host array {host.shape} {host.dtype} and device array "
+                             f"{device.shape} {device.dtype} must match")
+        self.host, self.device = host, device
+        self.twin: numpy.ndarray | None = None
+        self.registered, self.stream, self.cupy = False, None, None
+        if not is_cupy_array(device) or host.nbytes == 0:
+            return
+        import cupy
+        import cupyx
+        self.cupy, self.stream = cupy, cupy.cuda.Stream(non_blocking=True)
+        try:
+            cupy.cuda.runtime.hostRegister(host.ctypes.data, host.nbytes, 0)
+            self.registered = True
+        except cupy.cuda.runtime.CUDARuntimeError:
+            self.twin = cupyx.empty_pinned(host.shape, host.dtype)
+
+    def upload(self) -> None:
+        """Host -> device; the compute stream (not the host) waits for the copy."""
+        if self.stream is None:
+            self.device[...] = self.host
+            return
+        source = self.host
+        if self.twin is not None:
+            self.twin[...] = self.host
+            source = self.twin
+        self.device.set(source, stream=self.stream)
+        self.cupy.cuda.get_current_stream().wait_event(self.stream.record())
+
+    def download(self) -> None:
+        """Device -> host, finished when this returns (the host reads it next)."""
+        if self.stream is None:
+            self.host[...] = self.device
+            return
+        target = self.host if self.twin is None else self.twin
+        self.device.get(out=target)
+        if self.twin is not None:
+            self.host[...] = self.twin
+
+    def close(self) -> None:
+        """Unlock the host memory (before whoever owns it frees it)."""
+        if self.registered:
+            self.cupy.cuda.runtime.hostUnregister(self.host.ctypes.data)
+            self.registered = False
 
 
 def select_device(local_rank: int) -> int | None:

@@ -47,6 +47,7 @@ from minidp.io.datasets import NORMALIZATION, normalize
 from minidp.io.readers import epoch_rng
 from minidp.io.training_data import open_training_data
 from minidp.optim import LRScheduler
+from minidp.replica import replica_for
 from minidp.report import RunFiles
 from minidp.stopping import Stopped, StopSignal
 from minidp.trace import PHASES, Tracer, set_tracer
@@ -64,14 +65,12 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, comm: Communicator | None = None) -> None:
         self.config = c = config.check()
-        if backend.get_backend() != "numpy":
-            raise ValueError(f"backend: got {backend.get_backend()!r}, allowed: 'numpy'; the "
-                             "strategies keep their buffers in host shared-memory windows")
         if c.comm_timeout is not None:
             guard.set_timeout(c.comm_timeout)
         servers = strategies.strategy_class(c.strategy).servers_needed(c.options)
         self.topology = t = Topology(comm, c.ranks_per_node, servers)
         self.rank, self.size, self.is_worker = t.rank, t.size, t.role == "worker"
+        self.device = backend.select_device(t.host_rank)
         set_network_model(NetworkModel(c.net_latency_us, c.net_bandwidth_gbps))
         self.tracer = set_tracer(Tracer(self.rank))
         explained = explain_steps(c.explain)
@@ -96,6 +95,7 @@ class Trainer:
         schedule = c.lr_schedule(self.batches)
         self.strategy.plan(c.epochs, self.batch_size, schedule)
         self.scheduler = LRScheduler(self.optimizer, schedule)
+        self.compute = replica_for(self.model)  # the model on this rank's GPU, if any
         self.slowdown = c.slowdowns().get(self.rank, 1.0)
         self.progress = Progress(self.rank, t.worker_ranks[0], c.progress, c.epochs,
                                  self.batches)
@@ -114,7 +114,7 @@ class Trainer:
         for _, module in model.named_modules():
             if isinstance(module, layers.Dropout):  # independent masks on every rank
                 module.rng = np.random.default_rng([self.config.seed, self.rank])
-        return model.to(self.dtype)
+        return model.to("cpu").to(self.dtype)  # the host model: strategies own it
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -143,6 +143,7 @@ class Trainer:
             self._epochs(start)
         finally:
             self.stop.uninstall()  # never collective here: a failing rank must not wait
+            self.compute.close()
         self.stop.close()
         return self._finish()
 
@@ -181,9 +182,11 @@ class Trainer:
         tr, started = self.tracer, time.perf_counter()
         tr.reset()
         self.strategy.begin_epoch(epoch, self.batches)
-        self.model.train()
+        self.compute.model.train()
+        self.compute.buffers_to_device()
         if self.is_worker:
             done = self._work(epoch)
+            self.compute.buffers_to_host()
             if done is None:  # the run's totals go on from here when it resumes
                 self._add_totals(time.perf_counter() - started)
                 return None
@@ -239,6 +242,7 @@ class Trainer:
             self.partial = None
         while n := self.strategy.batch_size(self.batch_size):
             with tr.phase("data"):
+                self.compute.begin_batch()  # the parameters go up while the batch is read
                 batch = stream.take(n)
                 if batch is None:  # faster than its share (asynchronous): another pass
                     passes += 1
@@ -249,12 +253,13 @@ class Trainer:
                                      f"{c.strategy}, but this worker's shard holds "
                                      f"{stream.remaining}; use fewer workers or smaller batches")
                 x = normalize(batch[0], self.mean, self.std).astype(self.dtype, copy=False)
+                x, y = self.compute.inputs(x, batch[1])
             computed = time.perf_counter()
             with tr.phase("forward"):
-                self.optimizer.zero_grad()
-                loss = F.cross_entropy(self.model(Tensor(x)), batch[1])
+                loss = F.cross_entropy(self.compute.model(Tensor(x)), y)
             with tr.phase("backward"):
                 loss.backward()
+                self.compute.gradients_to_host()
                 self.totals["steps"] += 1
                 self.injector.at_step(self.totals["steps"], self.strategy.flat.grad)
                 self._check_gradient(epoch, steps)
@@ -295,17 +300,19 @@ class Trainer:
     def evaluate(self) -> tuple[float, float]:
         """(mean loss, accuracy) of the consensus model: each rank its test block, sums reduced."""
         sums = np.zeros(3)
-        x_all, y_all = self.data.test_x, self.data.test_y
+        x_all, y_all, model = self.data.test_x, self.data.test_y, self.compute.model
         with self._consensus_parameters(), no_grad():
-            self.model.eval()
+            self.compute.parameters_to_device()
+            self.compute.buffers_to_device()
+            model.eval()
             for i in range(0, len(y_all), 1000):
                 x = normalize(x_all[i:i + 1000], self.mean, self.std).astype(self.dtype)
-                y = y_all[i:i + 1000]
-                out = self.model(Tensor(x))
+                x, y = self.compute.inputs(x, y_all[i:i + 1000])
+                out = model(Tensor(x))
                 sums[0] += F.cross_entropy(out, y, reduction="sum").item()
                 sums[1] += int((out.data.argmax(axis=1) == y).sum())
                 sums[2] += len(y)
-        self.model.train()
+        model.train()
         total = self._world_sum(sums)
         return float(total[0] / total[2]), float(total[1] / total[2])
 

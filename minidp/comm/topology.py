@@ -84,6 +84,11 @@ class Topology:
         # First, so that every step of the set-up below can name a rank that never comes.
         guard.ensure_board(self.world)
         world_node = self._world_node(ranks_per_node)
+        # The rank's index on its machine (virtual nodes aside): which GPU it takes.
+        machine = world_node if ranks_per_node is None else self._machine()
+        self.host_rank = machine.Get_rank()
+        if machine is not world_node:
+            guard.collective(machine, _SET_UP, machine.Free)
         leaders = guard.allgather_object(
             self.world, self.rank if world_node.Get_rank() == 0 else None, _SET_UP)
         first = guard.bcast_object(
@@ -98,10 +103,14 @@ class Topology:
             self.node.Set_name(f"node {self.node_id}")
             self.cross.Set_name(f"rail {self.local_rank}")
 
+    def _machine(self) -> MPI.Comm:
+        """The ranks that share this rank's memory (its real node)."""
+        return guard.collective(self.world, _SET_UP, self.world.Split_type,
+                                MPI.COMM_TYPE_SHARED, key=self.rank)
+
     def _world_node(self, ranks_per_node: int | None) -> MPI.Comm:
         if ranks_per_node is None:
-            return guard.collective(self.world, _SET_UP, self.world.Split_type,
-                                    MPI.COMM_TYPE_SHARED, key=self.rank)
+            return self._machine()
         if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or \
                 ranks_per_node < 1 or self.size % ranks_per_node:
             raise ValueError(f"rank {self.rank}: ranks_per_node {ranks_per_node!r} must be "

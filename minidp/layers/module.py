@@ -158,21 +158,28 @@ class Module:
             if value.shape != target.shape:
                 raise ValueError(f"load_state_dict: '{key}' has shape {value.shape} in the "
                                  f"state dict but {target.shape} in the model")
-            target[...] = backend.to_device(value.astype(target.dtype, copy=False))
+            target[...] = backend.like(value.astype(target.dtype, copy=False), target)
 
-    def to(self, dtype: Any) -> Module:
-        """Convert floating parameters and buffers to ``dtype`` (e.g. float64); returns self.
+    def to(self, target: Any) -> Module:
+        """Convert to a dtype (e.g. float64) or move to a device (``"cpu"``, ``"cuda"``).
 
-        The flat parameter and gradient buffers are rebuilt in the new dtype.
+        Floating parameters and buffers take the dtype; on a move every parameter and
+        buffer goes. The flat parameter and gradient buffers are rebuilt; returns self.
         """
-        dtype = np.dtype(dtype)
+        moving = isinstance(target, str) and target in backend.DEVICES
+        xp = backend.device_module(target) if moving else None
+        dtype = None if moving else np.dtype(target)
+
+        def convert(a: Any) -> Any:
+            return backend.to_module(a, xp) if moving else a.astype(dtype)
+
         for p in self.parameters():
-            p.data = p.data.astype(dtype)
+            p.data = convert(p.data)
             p.grad = None
         for _, module in self.named_modules():
             for name, b in list(module._buffers.items()):
-                if b.dtype.kind == "f":
-                    setattr(module, name, b.astype(dtype))
+                if moving or b.dtype.kind == "f":
+                    setattr(module, name, convert(b))
         self.flat_parameters()
         return self
 

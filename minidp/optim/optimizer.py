@@ -88,4 +88,4 @@ class Optimizer(abc.ABC):
             raise ValueError(f"load_state_dict: optimizer state has shape {saved.shape}, "
                              f"this optimizer's has {self.state.shape}")
         self.lr, self.step_count = float(state["lr"]), int(state["step"])
-        self.state[...] = backend.to_device(saved.astype(self.state.dtype, copy=False))
+        self.state[...] = backend.like(saved.astype(self.state.dtype, copy=False), self.state)
