@@ -20,7 +20,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 
-.PHONY: venv test test-faults fuzz test-unit test-nojit test-min data demo lint bench torch clean
+.PHONY: venv test test-gpu test-faults fuzz test-unit test-nojit test-min data demo lint bench torch clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,14 @@ test-nojit: venv
 
 test: venv lint test-nojit
 	$(BIN)/python -m pytest -q tests
+
+# The tests marked `gpu` (skipped by `make test` without a device): models, optimizers and
+# the compute replica on CuPy against NumPy, and 2 ranks sharing one GPU per strategy
+# against the CPU run. Needs cupy: `pip install -e '.[gpu]'`. Where the machine's Python
+# already has cupy, mpi4py and numba but no venv can be built: make test-gpu PY=python3
+PY ?= $(BIN)/python
+test-gpu:
+	$(PY) -m pytest -q -m gpu tests
 
 # Every strategy with every injected fault (raise, kill, hang); `make test` runs a third.
 test-faults: venv

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_step.py [MODEL ...]     (make torch first)
     .venv/bin/python benchmarks/bench_step.py --memory [MODEL ...]
+    python benchmarks/bench_step.py --backend cupy [MODEL ...]   (a GPU; PyTorch CUDA)
 
 One thread each, float32, measured in the same run: mlp at batch 128, lenet5,
 cifar_cnn and resnet20 at batch 64. The two frameworks' steps alternate, so that a
@@ -13,6 +14,10 @@ small CNNs, 1.0x for ResNet-20).
 both: a fresh process per framework imports only that framework (and NumPy), builds
 the model and the batch, runs one step and reports its peak resident set (VmHWM); the
 table also gives the resident set before the step, so the step's own share shows.
+
+``--backend cupy``: both frameworks on the GPU (minidp's model on CuPy, PyTorch's on
+CUDA), float32, LeNet-5 at batch 256 and the CIFAR CNN at batch 128 (target: within
+2x of PyTorch); each step ends by waiting for the device, so the time is the GPU's.
 """
 
 import os
@@ -23,43 +28,50 @@ import time
 import common
 import numpy as np
 
-from minidp import Tensor, layers
+from minidp import Tensor, backend, layers
 from minidp import functional as F
 from minidp.kernels import ensure_compiled
 from minidp.optim import SGD
 
 CASES = [("mlp", 128, (1, 28, 28), 1.25), ("lenet5", 64, (1, 28, 28), 1.5),
          ("cifar_cnn", 64, (3, 32, 32), 1.5), ("resnet20", 64, (3, 32, 32), 1.0)]
+GPU_CASES = [("lenet5", 256, (1, 28, 28), 2.0), ("cifar_cnn", 128, (3, 32, 32), 2.0)]
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
 
 
-def minidp_step(name, batch, shape):
-    model = layers.MODELS[name]()
+def minidp_step(name, batch, shape, device="cpu"):
+    xp = backend.device_module(device)
+    model = layers.MODELS[name]().to(device)
     opt = SGD(model.parameters(), lr=0.01, momentum=0.9)
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((batch, *shape)).astype(np.float32), rng.integers(0, 10, batch)
+    x, y = backend.to_module(x, xp), backend.to_module(y, xp)
 
     def step():
         opt.zero_grad()
         F.cross_entropy(model(Tensor(x)), y).backward()
         opt.step()
+        if device == "cuda":
+            xp.cuda.get_current_stream().synchronize()
     return step
 
 
-def torch_step(torch, name, batch, shape):
+def torch_step(torch, name, batch, shape, device="cpu"):
     sys.path.insert(0, TESTS)
     import torch_models
 
-    model = torch_models.build(name)
+    model = torch_models.build(name).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     rng = np.random.default_rng(0)
-    x = torch.from_numpy(rng.standard_normal((batch, *shape)).astype(np.float32))
-    y = torch.from_numpy(rng.integers(0, 10, batch))
+    x = torch.from_numpy(rng.standard_normal((batch, *shape)).astype(np.float32)).to(device)
+    y = torch.from_numpy(rng.integers(0, 10, batch)).to(device)
 
     def step():
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
     return step
 
 
@@ -130,7 +142,15 @@ def peak_memory(framework, name, batch, shape):
 def main():
     args = sys.argv[1:]
     memory = "--memory" in args
-    chosen = [a for a in args if a != "--memory"] or [name for name, *_ in CASES]
+    device = "cpu"
+    if "--backend" in args:
+        at = args.index("--backend")
+        if args[at + 1:at + 2] != ["cupy"] or memory:
+            raise SystemExit("--backend: allowed: cupy (without --memory)")
+        backend.set_backend("cupy")
+        device, args = "cuda", args[:at] + args[at + 2:]
+    cases = GPU_CASES if device == "cuda" else CASES
+    chosen = [a for a in args if a != "--memory"] or [name for name, *_ in cases]
     try:
         import torch
         torch.set_num_threads(1)
@@ -139,7 +159,7 @@ def main():
         print("torch is not installed (make torch): minidp alone")
     ensure_compiled()  # the measured processes then load the kernels, never compile them
     rows = []
-    for name, batch, shape, target in (c for c in CASES if c[0] in chosen):
+    for name, batch, shape, target in (c for c in cases if c[0] in chosen):
         frameworks = ["minidp"] + (["torch"] if torch is not None else [])
         if memory:
             row = [name, batch]
@@ -148,9 +168,9 @@ def main():
                 row += [f"{before:.0f}", f"{peak:.0f}"]
             rows.append(row)
             continue
-        steps = [minidp_step(name, batch, shape)]
+        steps = [minidp_step(name, batch, shape, device)]
         if torch is not None:
-            steps.append(torch_step(torch, name, batch, shape))
+            steps.append(torch_step(torch, name, batch, shape, device))
         times = best_times(steps)
         row = [name, batch, f"{times[0] * 1e3:.2f}"]
         if torch is not None:

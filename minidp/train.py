@@ -348,6 +348,7 @@ class Trainer:
         return {
             "config": dataclasses.asdict(self.config),
             "world_size": self.size, "topology": self.topology.describe(),
+            "device": "cpu" if self.device is None else f"cuda:{self.device}",
             "batches_per_epoch": self.batches, "batch_size_per_worker": self.batch_size,
             "versions": dict(versions(), mpi=mpi_library()),
             "threads_per_rank": threads.threads_per_rank(),

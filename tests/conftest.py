@@ -15,6 +15,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 collect_ignore_glob = [] if os.environ.get("MINIDP_SPMD") else ["mpi/*", "scripts/*"]
 
 
+def gpu_visible() -> bool:
+    """Whether cupy imports and CUDA sees a device (asked without selecting the backend)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver, no device: all mean "no GPU here"
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, with the reason, where no GPU is visible."""
+    if any("gpu" in item.keywords for item in items) and not gpu_visible():
+        skip = pytest.mark.skip(reason="no GPU: needs cupy and a CUDA device (make test-gpu)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def synthetic_data_dir(tmp_path_factory):
     """The synthetic dataset's files and the compiled kernels, made before any timed job.
