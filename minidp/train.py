@@ -9,6 +9,11 @@ The loop is driven by data, not by a count. Per epoch, on every rank::
     statistics averaged over the workers -> evaluation of strategy.consensus() on the
     test set (each rank a contiguous block, sums reduced) -> metrics.jsonl -> checkpoint
 
+On a GPU (``MINIDP_BACKEND=cupy``) forward and backward run on a replica of the model on
+the device (:mod:`minidp.replica`): the parameters go up before each batch, the gradients
+come down after backward, and everything else (strategy, optimizer, checkpoints) works
+on the host model as on the CPU; the copies are timed in ``data`` and ``backward``.
+
 Phases (``data, forward, backward, comm_intra, comm_inter, wait, optimizer``) are
 timed by the tracer; the communication layer reports its own. ``--slowdown RANK:F``
 makes a rank's compute F times slower (it sleeps (F-1) x its measured forward and

@@ -25,7 +25,7 @@ from minidp.optim import SGD
 
 world = MPI.COMM_WORLD
 TIMEOUT = 1.0  # the present ranks' timeout in the stopped-rank tests
-AWAY = 4.0  # how long the stopped rank sleeps: past every present rank's timeout
+AWAY = 3.0  # how long the stopped rank sleeps: well past every present rank's timeout
 needs_peer = pytest.mark.skipif(world.size < 2, reason="a stopped rank needs another rank")
 
 
