@@ -83,8 +83,8 @@ def array_module(*arrays: Any) -> ModuleType:
     Raises:
         TypeError: NumPy and CuPy arrays are mixed.
     """
-    kinds = {"cupy" if is_cupy_array(a) else "numpy"
-             for a in arrays if hasattr(a, "dtype") and hasattr(a, "shape")}
+    kinds = {"cupy" if is_cupy_array(a) else "numpy" for a in arrays
+             if hasattr(a, "dtype") and hasattr(a, "shape") and not isinstance(a, numpy.generic)}
     if len(kinds) > 1:
         raise TypeError(
             "arrays: got a mix of numpy and cupy arrays; move them to one device first "

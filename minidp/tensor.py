@@ -114,7 +114,7 @@ class Tensor:
                     f"this one has shape {self.shape}; pass grad= with that shape")
             grad = xp.ones_like(self.data)
         else:
-            grad = _as_array(grad)
+            grad = backend.to_module(_as_array(grad), xp)
             if grad.shape != self.shape:
                 raise ValueError(
                     f"backward(): grad has shape {grad.shape}, expected {self.shape}")

@@ -32,7 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from minidp import Tensor, backend, checkpoint, faults, layers, no_grad, rundir, strategies, threads
+from minidp import (
+    Tensor,
+    backend,
+    faults,
+    layers,
+    no_grad,
+    rundir,
+    strategies,
+    threads,
+    train_state,
+)
 from minidp import functional as F
 from minidp.comm import (
     Communicator,
@@ -133,7 +143,7 @@ class Trainer:
         c, world = self.config, self.topology.world
         c.out, resuming = rundir.open_run(c.out, c.resume, c.overwrite, world)
         self.files = RunFiles(c.out, self.rank)
-        start = self._resume() if resuming else 0
+        start = train_state.restore(self) if resuming else 0
         rundir.write_run_json(c.out, dataclasses.asdict(c), world, self.topology.local_size,
                               start if resuming else None)
         if self.rank == 0:
@@ -157,7 +167,7 @@ class Trainer:
         for epoch in range(start, c.epochs):
             metrics = self.train_epoch(epoch)
             if metrics is None:  # all ranks stopped between batches on a signal
-                self._stopped(self._save_checkpoint(epoch, self.partial), "between batches")
+                self._stopped(train_state.save(self, epoch, self.partial), "between batches")
             self.history.append(metrics)
             self.files.append_metrics(metrics)
             if self.rank == 0:
@@ -167,7 +177,7 @@ class Trainer:
             stop = bool(c.stop_after) and done - start >= c.stop_after and done < c.epochs
             if signalled or c.checkpoint_every and (done % c.checkpoint_every == 0
                                                     or done == c.epochs or stop):
-                path = self._save_checkpoint(done)
+                path = train_state.save(self, done)
             if signalled:
                 self._stopped(path, f"at the end of epoch {done}")
             if stop:
@@ -366,33 +376,7 @@ class Trainer:
             "epochs": self.history,
         }
 
-    # -- checkpoints ----------------------------------------------------------------------
-
-    def _save_checkpoint(self, epoch: int, partial: dict[str, Any] | None = None) -> str:
-        """Write the checkpoint after ``epoch`` epochs (and ``partial``'s batches of the next).
-
-        Non-finite parameters on any rank are an error on every rank, never a checkpoint.
-        """
-        self._check_finite(epoch)
-        flat = self.strategy.flat
-        arrays = {"params": np.array(flat.data), "optimizer": np.array(self.optimizer.state)}
-        arrays.update({f"buffer:{k}": np.array(b) for k, b in self.model.named_buffers()})
-        dropout = [m.rng.bit_generator.state for _, m in self.model.named_modules()
-                   if isinstance(m, layers.Dropout)]
-        state = {"lr": self.optimizer.lr, "optimizer_step": self.optimizer.step_count,
-                 "scheduler_step": self.scheduler.last_step, "dropout": dropout,
-                 "strategy": self.strategy.state_dict(), "totals": self.totals,
-                 "partial": partial}
-        return checkpoint.save(self.config.out, epoch, self.topology, arrays, state,
-                               {"strategy": self.config.strategy, "history": self.history},
-                               dataclasses.asdict(self.config),
-                               batch=partial["batch"] if partial else 0,
-                               after_write=lambda: self.injector.in_save(epoch))
-
-    def _first_non_finite(self, field: str) -> str | None:
-        """The name of the first parameter whose ``field`` (data or grad) is not all finite."""
-        return next((name for name, p in self.model.named_parameters()
-                     if not np.all(np.isfinite(getattr(p, field)))), None)
+    # -- checks ---------------------------------------------------------------------------
 
     def _check_gradient(self, epoch: int, batch: int) -> None:
         """Stop at a non-finite gradient, before the strategy sends or applies it.
@@ -403,61 +387,13 @@ class Trainer:
         """
         if np.isfinite(self.strategy.flat.grad.sum()):
             return
-        name = self._first_non_finite("grad")
+        name = train_state.first_non_finite(self.model, "grad")
         if name is not None:
             raise FloatingPointError(
                 f"rank {self.rank}: the gradient of parameter {name!r} is not finite at step "
                 f"{self.totals['steps']} of the run (epoch {epoch + 1}, batch {batch + 1}); it "
                 "was neither sent nor applied, so the last checkpoint holds the last good "
                 "state: resume from it, with a lower --lr if the gradients diverged")
-
-    def _check_finite(self, epoch: int) -> None:
-        """Non-finite parameters on any rank are an error on every rank, never a checkpoint."""
-        bad = self._first_non_finite("data")
-        worst = world_max(np.array([self.rank if bad else -1.0]), self.topology,
-                          "checkpoint parameters finite")
-        if worst[0] >= 0:
-            whose = (f"its parameter {bad!r} is" if bad else
-                     f"rank {int(worst[0])}'s parameters are")
-            raise FloatingPointError(f"rank {self.rank}: not writing the checkpoint after "
-                                     f"epoch {epoch}: {whose} not finite; lower --lr, or "
-                                     "resume from the last checkpoint")
-
-    def _resume(self) -> int:
-        """Restore the latest checkpoint in --out, checked against this run; returns its epoch.
-
-        On another world size (``sync`` only) every rank takes rank 0's state; the
-        scheduler continues at the same epoch (in this job's batches), dropout masks
-        restart from (seed, rank, epoch), and the byte counters count from here.
-        """
-        def restore(meta: dict, arrays: dict[str, np.ndarray], state: dict) -> None:
-            same_world = meta["world_size"] == self.size
-            flat = self.strategy.flat
-            flat.data[...] = arrays["params"]
-            self.optimizer.load_state_dict({"lr": state["lr"], "step": state["optimizer_step"],
-                                            "state": arrays["optimizer"]})
-            for key, b in self.model.named_buffers():
-                b[...] = arrays[f"buffer:{key}"]
-            dropouts = [m for _, m in self.model.named_modules()
-                        if isinstance(m, layers.Dropout)]
-            for module, rng_state in zip(dropouts, state["dropout"]):
-                if same_world:
-                    module.rng.bit_generator.state = rng_state
-                else:
-                    module.rng = np.random.default_rng([self.config.seed, self.rank,
-                                                        meta["epoch"]])
-            self.scheduler.last_step = (state["scheduler_step"] if same_world
-                                        else meta["epoch"] * self.batches)
-            self.optimizer.lr = state["lr"]
-            self.strategy.load_state_dict(state["strategy"])
-            self.totals = (dict(state["totals"]) if same_world
-                           else {"elapsed_s": float(state["totals"]["elapsed_s"]), "steps": 0})
-            self.partial = state.get("partial")
-            self.history = list(meta["history"])
-
-        meta = checkpoint.load(self.config.out, self.topology, dataclasses.asdict(self.config),
-                               restore)
-        return int(meta["epoch"])
 
 
 def train(config: TrainConfig) -> dict[str, Any]:

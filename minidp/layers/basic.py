@@ -9,6 +9,7 @@ import numpy as np
 from minidp import backend, ops
 from minidp.layers import init
 from minidp.layers.module import Module, Parameter
+from minidp.tensor import Tensor
 
 
 class Linear(Module):
@@ -154,8 +155,13 @@ class Dropout(Module):
         self.rng = np.random.default_rng(init.generator().integers(2**63))
 
     def forward(self, x: Any) -> Any:
-        """Drop elements (training) or pass x through (eval)."""
-        rng = self.rng if backend.array_module(x.data) is np else None
+        """Drop elements (training) or pass x through (eval).
+
+        On a GPU the mask is drawn there, by a CuPy generator seeded from this layer's
+        host generator: masks follow (seed, rank) and a checkpoint restores them.
+        """
+        xp = backend.array_module(x.data if isinstance(x, Tensor) else x)
+        rng = self.rng if xp is np else xp.random.default_rng(int(self.rng.integers(2**63)))
         return ops.dropout(x, self.p, self.training, rng)
 
     def extra_repr(self) -> str:

@@ -89,7 +89,7 @@ class Dropout(Function):
             self.mask = None
             return x
         rng = xp.random.default_rng() if rng is None else rng
-        self.mask = (rng.random(x.shape) >= p).astype(x.dtype) / (1 - p)
+        self.mask = (xp.asarray(rng.random(x.shape)) >= p).astype(x.dtype) / (1 - p)
         return x * self.mask
 
     def backward(self, g: Any) -> tuple:
