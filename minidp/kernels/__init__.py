@@ -1,8 +1,9 @@
-"""Numba CPU kernels, each beside the plain NumPy reference it is tested against.
+"""Numba CPU kernels and their CUDA counterparts, each beside its plain NumPy reference.
 
-The public functions dispatch: Numba on NumPy arrays when the JIT is enabled, the
-reference otherwise (CuPy arrays, ``NUMBA_DISABLE_JIT=1``). See :mod:`.jit` for how
-compilation is serialised per node.
+The public functions dispatch: Numba on NumPy arrays when the JIT is enabled, the CUDA
+kernels of :mod:`.cuda` on CuPy arrays (im2col, col2im, max pooling, the SGD step),
+the reference otherwise (``NUMBA_DISABLE_JIT=1``, ``MINIDP_CUDA_KERNELS=0``, the other
+ops on CuPy). See :mod:`.jit` for how compilation is serialised per node.
 """
 
 from minidp.kernels import winograd

@@ -72,6 +72,11 @@ def use_kernels(*arrays: object) -> bool:
             and all(isinstance(a, np.ndarray) for a in arrays))
 
 
+def references_forced() -> bool:
+    """Whether :func:`references_only` is in force (the CUDA kernels obey it too)."""
+    return _state["references_only"]
+
+
 @contextlib.contextmanager
 def references_only() -> Iterator[None]:
     """Run the NumPy references instead of the kernels (benchmarks compare the two)."""

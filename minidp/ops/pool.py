@@ -36,10 +36,11 @@ class MaxPool2d(Function):
         k, s = pool_geometry(x, kernel_size, stride, "max_pool2d")
         self.x_shape = x.shape
         out, self.argmax = maxpool_forward(x, k, s)
+        self.k, self.s = k, s
         return out
 
     def backward(self, g: Any) -> tuple:
-        return (maxpool_backward(g, self.argmax, self.x_shape),)
+        return (maxpool_backward(g, self.argmax, self.x_shape, self.k, self.s),)
 
 
 class AvgPool2d(Function):
