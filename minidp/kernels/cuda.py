@@ -104,27 +104,28 @@ _SGD = """
 """
 
 
+# name -> (input parameters, output parameters, body), as cupy.ElementwiseKernel takes them
+KERNELS = {
+    "im2col": (f"raw T x, {_SIZES}, int32 ph, int32 pw, int32 oh, int32 ow", "T col", _IM2COL),
+    "col2im": (f"raw T cols, {_SIZES}, int32 ph, int32 pw, int32 oh, int32 ow", "T dx",
+               _COL2IM),
+    "maxpool_forward": ("raw T x, int32 h, int32 w, int32 k, int32 stride, int32 oh, int32 ow",
+                        "T out, int64 argmax", _MAXPOOL_FORWARD),
+    "maxpool_backward": ("raw T grad, raw int64 argmax, int32 h, int32 w, int32 k, "
+                         "int32 stride, int32 oh, int32 ow", "T dx", _MAXPOOL_BACKWARD),
+    "sgd_update": ("T g, float64 lr, float64 momentum, float64 weight_decay, bool nesterov",
+                   "T w, T buf", _SGD),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _kernels() -> SimpleNamespace:
     """The compiled kernels (built once per process, on first use)."""
     import cupy
 
-    return SimpleNamespace(
-        im2col=cupy.ElementwiseKernel(
-            f"raw T x, {_SIZES}, int32 ph, int32 pw, int32 oh, int32 ow", "T col", _IM2COL,
-            "minidp_im2col"),
-        col2im=cupy.ElementwiseKernel(
-            f"raw T cols, {_SIZES}, int32 ph, int32 pw, int32 oh, int32 ow", "T dx", _COL2IM,
-            "minidp_col2im"),
-        maxpool_forward=cupy.ElementwiseKernel(
-            "raw T x, int32 h, int32 w, int32 k, int32 stride, int32 oh, int32 ow",
-            "T out, int64 argmax", _MAXPOOL_FORWARD, "minidp_maxpool_forward"),
-        maxpool_backward=cupy.ElementwiseKernel(
-            "raw T grad, raw int64 argmax, int32 h, int32 w, int32 k, int32 stride, int32 oh, "
-            "int32 ow", "T dx", _MAXPOOL_BACKWARD, "minidp_maxpool_backward"),
-        sgd_update=cupy.ElementwiseKernel(
-            "T g, float64 lr, float64 momentum, float64 weight_decay, bool nesterov",
-            "T w, T buf", _SGD, "minidp_sgd_update"))
+    return SimpleNamespace(**{
+        name: cupy.ElementwiseKernel(inputs, outputs, body, f"minidp_{name}")
+        for name, (inputs, outputs, body) in KERNELS.items()})
 
 
 def applies(*arrays: Any) -> bool:
