@@ -39,7 +39,7 @@ def info(_: argparse.Namespace) -> int:
         "numba_jit": not numba.config.DISABLE_JIT,
         "mpi_library": mpi_library(),
         "mpi_world_size": MPI.COMM_WORLD.Get_size(), "backend": minidp.get_backend(),
-        "threads": threads.thread_info(),
+        "gpu": minidp.backend.gpu_info(), "threads": threads.thread_info(),
     }
     print(json.dumps(report, indent=2))
     return 0

@@ -113,6 +113,22 @@ def to_device(a: Any) -> Any:
 DEVICES = ("cpu", "cuda")
 
 
+def gpu_info() -> dict[str, Any]:
+    """CuPy's version, the CUDA runtime and the visible GPUs, or why there are none."""
+    try:
+        import cupy
+    except ImportError:
+        return {"cupy": None, "devices": 0,
+                "why": "cupy is not installed (pip install -e '.[gpu]')"}
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+        names = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in range(count)]
+        runtime = cupy.cuda.runtime.runtimeGetVersion()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        return {"cupy": cupy.__version__, "devices": 0, "why": str(exc)}
+    return {"cupy": cupy.__version__, "cuda_runtime": runtime, "devices": count, "names": names}
+
+
 def device_module(device: str) -> ModuleType:
     """The array module of ``device``: NumPy for ``"cpu"``, CuPy for ``"cuda"``.
 

@@ -120,3 +120,10 @@ def test_moving_a_model_to_the_cpu_keeps_its_values_and_rebuilds_the_flat_buffer
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(value, before[key])
     assert model.flat_parameters().data.dtype == np.float64
+
+
+def test_info_says_why_there_is_no_gpu():
+    info = backend.gpu_info()
+    if info["devices"]:
+        pytest.skip("a GPU is visible here")
+    assert info["why"] and (info["cupy"] is None) == ("not installed" in info["why"])
