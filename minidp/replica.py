@@ -80,9 +80,9 @@ class DeviceReplica(HostCompute):
     def __init__(self, host: layers.Module, device: str) -> None:
         super().__init__(copy.deepcopy(host).to(device))
         self.host, self.xp = host, backend.device_module(device)
-        for mine, theirs in zip(self.model.named_modules(), host.named_modules()):
-            if isinstance(mine[1], layers.Dropout):  # one mask stream, saved by checkpoints
-                mine[1].rng = theirs[1].rng
+        for (_, mine), (_, theirs) in zip(self.model.named_modules(), host.named_modules()):
+            if isinstance(mine, layers.Dropout):  # one mask stream, saved by checkpoints
+                mine.rng = theirs.rng
         here = host.flat_parameters()
         self.parameters = Staging(here.data, self.flat.data)
         self.gradients = Staging(here.grad, self.flat.grad)
