@@ -180,6 +180,7 @@ class Staging:
         import cupy
         import cupyx
         self.cupy, self.stream = cupy, cupy.cuda.Stream(non_blocking=True)
+        self.copied = cupy.cuda.Event(disable_timing=True)  # reused: nothing per step
         try:
             cupy.cuda.runtime.hostRegister(host.ctypes.data, host.nbytes, 0)
             self.registered = True
@@ -196,7 +197,8 @@ class Staging:
             self.twin[...] = self.host
             source = self.twin
         self.device.set(source, stream=self.stream)
-        self.cupy.cuda.get_current_stream().wait_event(self.stream.record())
+        self.copied.record(self.stream)
+        self.cupy.cuda.get_current_stream().wait_event(self.copied)
 
     def download(self) -> None:
         """Device -> host, finished when this returns (the host reads it next)."""

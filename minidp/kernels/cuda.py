@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from minidp.backend import is_cupy_array
+from minidp.backend import array_module, is_cupy_array
+from minidp.kernels.jit import references_forced
 
 _SIZES = "int32 n_img, int32 c_in, int32 h, int32 w, int32 kh, int32 kw, int32 stride"
 
@@ -129,9 +130,12 @@ def _kernels() -> SimpleNamespace:
 
 
 def applies(*arrays: Any) -> bool:
-    """Whether these kernels take these arrays: all CuPy, C-contiguous, kernels not off."""
-    return os.environ.get("MINIDP_CUDA_KERNELS", "1") != "0" and all(
-        is_cupy_array(a) and a.flags.c_contiguous for a in arrays)
+    """Whether these kernels take these arrays: all CuPy and C-contiguous, kernels not off.
+
+    Off: ``MINIDP_CUDA_KERNELS=0``, or inside :func:`.jit.references_only`.
+    """
+    return all(is_cupy_array(a) and a.flags.c_contiguous for a in arrays) and \
+        os.environ.get("MINIDP_CUDA_KERNELS", "1") != "0" and not references_forced()
 
 
 def _ints(*values: int) -> list[np.int32]:
@@ -154,21 +158,18 @@ def col2im(cols: Any, out: Any, kh: int, kw: int, stride: int, ph: int, pw: int,
 
 def maxpool_forward(x: Any, k: int, stride: int, oh: int, ow: int) -> tuple[Any, Any]:
     """(out, argmax) of max pooling ``x`` (N, C, H, W), argmax as the flat index hy*W + wx."""
-    import cupy
-
+    xp = array_module(x)
     n, c, h, w = x.shape
-    out = cupy.empty((n, c, oh, ow), dtype=x.dtype)
-    argmax = cupy.empty((n, c, oh, ow), dtype=np.int64)
+    out = xp.empty((n, c, oh, ow), dtype=x.dtype)
+    argmax = xp.empty((n, c, oh, ow), dtype=np.int64)
     _kernels().maxpool_forward(x, *_ints(h, w, k, stride, oh, ow), out, argmax)
     return out, argmax
 
 
 def maxpool_backward(grad: Any, argmax: Any, x_shape: tuple, k: int, stride: int) -> Any:
     """The input gradient of max pooling: each pixel sums the gradients it was the max of."""
-    import cupy
-
     h, w = x_shape[2], x_shape[3]
-    dx = cupy.empty(x_shape, dtype=grad.dtype)
+    dx = array_module(grad).empty(x_shape, dtype=grad.dtype)
     oh, ow = grad.shape[2], grad.shape[3]
     return _kernels().maxpool_backward(grad, argmax, *_ints(h, w, k, stride, oh, ow), dx)
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import cuda
-from minidp.kernels.jit import ensure_compiled, references_forced, register_warmup, use_kernels
+from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
 
 
 @numba.njit(cache=True, nogil=True)
@@ -81,7 +81,7 @@ def sgd_update(w: Any, g: Any, buf: Any, lr: float, momentum: float = 0.0,
     """
     array_module(w, g, buf)
     contiguous = all(a.flags.c_contiguous and a.dtype == w.dtype for a in (w, g, buf))
-    if contiguous and cuda.applies(w, g, buf) and not references_forced():
+    if contiguous and cuda.applies(w, g, buf):
         cuda.sgd_update(w, g, buf, lr, momentum, weight_decay, nesterov)
         return
     if not (use_kernels(w, g, buf) and contiguous):

@@ -15,7 +15,7 @@ import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import cuda
-from minidp.kernels.jit import ensure_compiled, references_forced, register_warmup, use_kernels
+from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
 from minidp.kernels.unfold import output_size
 
 
@@ -134,7 +134,7 @@ def avgpool_backward_reference(grad: Any, x_shape: tuple, k: int, stride: int) -
 
 def maxpool_forward(x: Any, k: int, stride: int) -> tuple[Any, Any]:
     """Max pooling: (out, argmax), dispatched to Numba on NumPy arrays, CUDA on CuPy."""
-    if cuda.applies(x) and not references_forced():
+    if cuda.applies(x):
         n, c, h, w = x.shape
         return cuda.maxpool_forward(x, k, stride, output_size(h, k, stride, 0),
                                     output_size(w, k, stride, 0))
@@ -151,7 +151,7 @@ def maxpool_forward(x: Any, k: int, stride: int) -> tuple[Any, Any]:
 
 def maxpool_backward(grad: Any, argmax: Any, x_shape: tuple, k: int, stride: int) -> Any:
     """Gradient of max pooling with respect to its input (``k``, ``stride``: the windows)."""
-    if cuda.applies(grad, argmax) and not references_forced():
+    if cuda.applies(grad, argmax):
         return cuda.maxpool_backward(grad, argmax, x_shape, k, stride)
     if not use_kernels(grad, argmax):
         return maxpool_backward_reference(grad, argmax, x_shape)

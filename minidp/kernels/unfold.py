@@ -27,7 +27,7 @@ import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import cuda
-from minidp.kernels.jit import ensure_compiled, references_forced, register_warmup, use_kernels
+from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -158,7 +158,7 @@ def col2im_reference(cols: Any, x_shape: tuple, kh: int, kw: int, stride: int, p
 
 def im2col(x: Any, kh: int, kw: int, stride: int, ph: int, pw: int, out: Any = None) -> Any:
     """Unfold ``x`` (N, C, H, W) into columns (C*kh*kw, N*OH*OW), into ``out`` if given."""
-    if cuda.applies(x) and (out is None or cuda.applies(out)) and not references_forced():
+    if cuda.applies(x) and (out is None or cuda.applies(out)):
         n, c, h, w = x.shape
         oh, ow = output_size(h, kh, stride, ph), output_size(w, kw, stride, pw)
         out = array_module(x).empty((c * kh * kw, n * oh * ow), x.dtype) if out is None else out
@@ -179,7 +179,7 @@ def im2col(x: Any, kh: int, kw: int, stride: int, ph: int, pw: int, out: Any = N
 
 def col2im(cols: Any, out: Any, kh: int, kw: int, stride: int, ph: int, pw: int) -> Any:
     """Fold columns (C*kh*kw, N*OH*OW) into ``out`` (N, C, H, W), summing overlapping taps."""
-    if cuda.applies(cols, out) and not references_forced():
+    if cuda.applies(cols, out):
         h, w = out.shape[2], out.shape[3]
         return cuda.col2im(cols, out, kh, kw, stride, ph, pw, output_size(h, kh, stride, ph),
                            output_size(w, kw, stride, pw))
