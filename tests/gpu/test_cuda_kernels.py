@@ -6,6 +6,7 @@ float32 too, except the SGD step, which the kernel computes in double as Numba d
 
 import numpy as np
 import pytest
+from kernel_cases import CONV_CASES, DTYPES, POOL_CASES, rand
 
 from minidp.kernels import cuda
 from minidp.kernels import elementwise as ew
@@ -14,18 +15,6 @@ from minidp.kernels import unfold as ic
 
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
-
-DTYPES = [np.float32, np.float64]
-CONV_CASES = [(1, 1, 5, 5, 3, 3, 1, 0, 0), (2, 3, 7, 9, 3, 3, 2, 1, 1),
-              (3, 2, 11, 6, 5, 2, 3, 2, 2), (1, 4, 4, 4, 1, 1, 1, 0, 0),
-              (2, 1, 28, 28, 5, 5, 1, 2, 2), (1, 3, 9, 7, 4, 4, 2, 3, 3),
-              (2, 2, 6, 5, 3, 2, 1, 2, 1), (2, 3, 6, 6, 3, 3, 1, 1, 1)]
-# (N, C, H, W, k, stride): disjoint windows, overlapping ones, uncovered edges
-POOL_CASES = [(2, 3, 8, 8, 2, 2), (1, 2, 7, 9, 3, 2), (2, 1, 9, 9, 3, 3), (1, 1, 6, 5, 2, 1)]
-
-
-def rand(shape, dtype, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

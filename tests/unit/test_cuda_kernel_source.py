@@ -13,6 +13,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from kernel_cases import CONV_CASES, DTYPES, POOL_CASES, rand
 
 from minidp.kernels import cuda
 from minidp.kernels import elementwise as ew
@@ -89,13 +90,8 @@ def run(library, name, dtype, *args):
     getattr(library, f"{name}_{t}")(*values, args[-1].size)
 
 
-def rand(shape, dtype, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("case", [(2, 3, 7, 9, 3, 3, 2, 1, 1), (3, 2, 11, 6, 5, 2, 3, 2, 2),
-                                  (2, 1, 28, 28, 5, 5, 1, 2, 2), (2, 2, 6, 5, 3, 2, 1, 2, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CONV_CASES)
 def test_im2col_and_col2im_sources_equal_the_references(kernels, dtype, case):
     n, c, h, w, kh, kw, s, ph, pw = case
     oh, ow = ic.output_size(h, kh, s, ph), ic.output_size(w, kw, s, pw)
@@ -109,9 +105,8 @@ def test_im2col_and_col2im_sources_equal_the_references(kernels, dtype, case):
     np.testing.assert_array_equal(dx, ic.col2im_reference(g, x.shape, kh, kw, s, ph, pw))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("case", [(2, 3, 8, 8, 2, 2), (1, 2, 7, 9, 3, 2), (2, 1, 9, 9, 3, 3),
-                                  (1, 1, 6, 5, 2, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", POOL_CASES)
 def test_max_pooling_sources_equal_the_references_ties_included(kernels, dtype, case):
     n, c, h, w, k, s = case
     oh, ow = ic.output_size(h, k, s, 0), ic.output_size(w, k, s, 0)

@@ -6,6 +6,7 @@ The kernels are called directly (not through the dispatchers), so under
 
 import numpy as np
 import pytest
+from kernel_cases import CONV_CASES, DTYPES, POOL_CASES, rand
 
 from minidp.kernels import batchnorm as bn
 from minidp.kernels import elementwise as ew
@@ -13,18 +14,6 @@ from minidp.kernels import pooling as pl
 from minidp.kernels import taps
 from minidp.kernels import unfold as ic
 from minidp.kernels import winograd as wg
-
-DTYPES = [np.float32, np.float64]
-# (N, C, H, W, kh, kw, stride, ph, pw): odd sizes, strides that do not divide, pads wider
-# than one tap, unequal pads (the transposed convolution of a non-square kernel).
-CONV_CASES = [(1, 1, 5, 5, 3, 3, 1, 0, 0), (2, 3, 7, 9, 3, 3, 2, 1, 1),
-              (3, 2, 11, 6, 5, 2, 3, 2, 2), (1, 4, 4, 4, 1, 1, 1, 0, 0),
-              (2, 1, 28, 28, 5, 5, 1, 2, 2), (1, 3, 9, 7, 4, 4, 2, 3, 3),
-              (2, 2, 6, 5, 3, 2, 1, 2, 1), (2, 3, 6, 6, 3, 3, 1, 1, 1)]
-
-
-def rand(shape, dtype, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
 def tolerance(dtype):
@@ -172,10 +161,6 @@ def test_batchnorm_kernels_match_reference(dtype, shape, training, relu, residua
                                                           training, True)
     for got, want in ((gx, ref_gx), (gw, ref_gw), (gb, ref_gb)) + ((g_res, gated),) * residual:
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-
-
-POOL_CASES = [(2, 3, 8, 8, 2, 2), (1, 2, 7, 9, 3, 2), (2, 1, 5, 5, 2, 1), (3, 2, 9, 7, 3, 3),
-              (1, 1, 4, 4, 4, 4)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
