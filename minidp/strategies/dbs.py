@@ -14,9 +14,14 @@ is minidp's reconstruction (``docs/dbs.md`` lists every choice):
   fixed-batch run's), rounded by largest remainders and clamped to
   [``min_batch``, ``max_batch``] with the total kept; the new b_i goes out with the
   worker's next pull;
-* update: ASGD, each gradient weighted by its share of samples,
-  w <- w - lr * (b_i / b) * g_i, where g_i is the mean over b_i samples and b the base
-  batch, so a sample counts the same whichever worker took it.
+* update (``update=round``, the default): equal iteration times are what let the server
+  take one gradient from every worker per update without anybody waiting long, so it
+  does, and answers their next pulls after that update: every gradient is fresh
+  (staleness 0), w <- w - lr * sum_i b_i g_i / sum_i b_i, with ``--momentum`` at the
+  server, i.e. synchronous SGD on the round's samples whose straggler takes a small
+  share. ``update=each``: ASGD, each gradient applied as it arrives, weighted by its
+  share of samples, w <- w - lr * (b_i / b) * g_i (g_i the mean over b_i samples, b the
+  base batch), so a sample counts the same whichever worker took it.
 """
 
 from __future__ import annotations
@@ -83,7 +88,10 @@ class DynamicBatchSGD(ParameterServer):
         rebalance_every=Option(0, int, "gradients between re-allocations, >= 0 (0: one per "
                                "worker)", lambda v: v >= 0),
         ema=Option(0.5, float, "a number in [0, 1): weight of the old throughput estimate",
-                   lambda v: 0 <= v < 1))
+                   lambda v: 0 <= v < 1),
+        update=Option("round", str, "round (one gradient of every worker per update, "
+                      "staleness 0) or each (every gradient at once, as asgd)",
+                      lambda v: v in ("round", "each")))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -93,6 +101,13 @@ class DynamicBatchSGD(ParameterServer):
         self.allocated_speeds = dict(self.speeds)  # the speeds the sizes were computed from
         self.since_rebalance = 0
         self.history: list[list[int]] = []  # the sizes after each re-allocation this epoch
+        self.rounds = self.config["update"] == "round"
+        self.server_momentum = self.rounds  # a round is a synchronous step: sync's momentum
+        self.round: dict[int, int] = {}  # worker -> samples, for this round's gradients
+        self.held: list[tuple[int, int]] = []  # pulls answered when the round is applied
+        if self.rounds and self.topology.role == "server":
+            self.round_grads = {w: np.empty_like(self.incoming) for w in workers}
+            self.sum = np.empty_like(self.incoming)
 
     def plan(self, total_epochs: int, base_batch: int = 1,
              lr_schedule: Schedule | None = None) -> None:
@@ -134,8 +149,44 @@ class DynamicBatchSGD(ParameterServer):
             self.history.append(sizes.tolist())
 
     def on_gradient(self, worker: int, grad: np.ndarray, staleness: int, samples: int) -> None:
-        """ASGD step weighted by the gradient's share of samples, b_i / b."""
-        self.apply(grad, samples / self.base_batch)
+        """``each``: an ASGD step weighted by b_i / b. ``round``: keep it for the round."""
+        if not self.rounds:
+            self.apply(grad, samples / self.base_batch)
+            return
+        self.round_grads[worker][:] = grad
+        self.round[worker] = samples
+        self.close_round()
+
+    def on_pull(self, worker: int, wanted: int) -> None:
+        """``round``: a worker that gave this round its gradient waits for the update."""
+        if worker in self.round:
+            self.held.append((worker, wanted))
+        else:
+            self.answer(worker, wanted)
+
+    def leave(self, worker: int) -> None:
+        """A worker that leaves may be the one the round was waiting for."""
+        super().leave(worker)
+        if self.rounds:
+            self.close_round()
+
+    def close_round(self) -> None:
+        """Once every worker still in the epoch has pushed: one update, then the pulls.
+
+        The round's gradients are summed in rank order (not arrival order), so a run's
+        bits do not depend on which worker came first.
+        """
+        if not self.round or any(w not in self.round for w in self.active):
+            return
+        total = sum(self.round.values())
+        self.sum[...] = 0
+        for worker in sorted(self.round):
+            self.sum += (self.round[worker] / total) * self.round_grads[worker]
+        self.apply(self.sum, 1.0)
+        self.round.clear()
+        held, self.held = self.held, []
+        for worker, wanted in held:
+            self.answer(worker, wanted)
 
     def begin_epoch(self, epoch: int, batches: int) -> None:
         """Start the epoch's record of allocations (the sizes themselves carry over)."""

@@ -159,31 +159,29 @@ class ParameterServer(Strategy):
     def serve(self) -> None:
         """Answer pulls, pushes and DONEs until every worker's epoch is over."""
         t = self.topology
-        active = list(t.worker_ranks)
+        self.active = list(t.worker_ranks)  # workers whose epoch goes on, at this server
         turn = 0
-        while active:
-            turn %= len(active)
-            message = p2p.next_request(t, active, turn if self.config["order"] == "round_robin"
-                                       else None)
+        while self.active:
+            turn %= len(self.active)
+            message = p2p.next_request(t, self.active, turn if self.config["order"] ==
+                                       "round_robin" else None)
             started = time.perf_counter()
-            finished = self.handle(message.source, message.tag)
+            self.handle(message.source, message.tag)
             self.stats["busy_s"] += time.perf_counter() - started
-            if finished:
-                active.remove(message.source)
-            else:
-                turn += 1
+            if message.source in self.active:
+                turn += 1  # else the next worker has moved into this turn's place
         for worker in t.worker_ranks:
             self.sent(worker)
         self.finish_epoch()
         self.stats["serve_s"] = time.perf_counter() - self.stats_started
 
-    def handle(self, worker: int, tag: int) -> bool:
-        """Answer one message of ``worker``; True when that worker's epoch is over."""
+    def handle(self, worker: int, tag: int) -> None:
+        """Take one message of ``worker``: a DONE, a push or a pull."""
         t = self.topology
         p2p.recv(self.header, worker, tag, t, "request")
         if tag == TAG_DONE:
-            return True
-        if tag == TAG_PUSH:
+            self.leave(worker)
+        elif tag == TAG_PUSH:
             version_read, samples = int(self.header[0]), int(self.header[1])
             self.observe(worker, samples, int(self.header[2]) * 1e-6)
             p2p.recv(self.incoming, worker, TAG_GRADIENT, t, "gradient")
@@ -191,12 +189,21 @@ class ParameterServer(Strategy):
             self.record(worker, staleness, samples)
             self.on_gradient(worker, self.incoming, staleness, samples)
             self.samples_applied += samples  # after: the LR of this gradient is its round's
-            return False
-        if tag != TAG_PULL:
+        elif tag == TAG_PULL:
+            self.on_pull(worker, int(self.header[0]))
+        else:
             raise ValueError(f"rank {t.rank}: unexpected message tag {tag} from rank {worker}")
-        granted = int(self.header[0])
+
+    def on_pull(self, worker: int, wanted: int) -> None:
+        """A pull asking for ``wanted`` samples: answered at once (``dbs`` may hold it)."""
+        self.answer(worker, wanted)
+
+    def answer(self, worker: int, wanted: int) -> None:
+        """Grant a batch (server 0, from the epoch's budget) and send this server's slice."""
+        t = self.topology
+        granted = wanted
         if t.rank == 0:
-            granted = self.assign_batch(worker, granted)
+            granted = self.assign_batch(worker, wanted)
             budget = self.budgets[worker]
             granted = granted if 0 < granted <= budget[0] else 0
             budget[0] -= granted
@@ -207,7 +214,12 @@ class ParameterServer(Strategy):
         if granted:
             params[:] = self.flat.data[self.shard]
             self.sending[worker].append(p2p.isend(params, worker, TAG_PARAMS, t, "parameters"))
-        return granted == 0
+        else:
+            self.leave(worker)
+
+    def leave(self, worker: int) -> None:
+        """``worker``'s epoch is over at this server."""
+        self.active.remove(worker)
 
     def sent(self, worker: int) -> None:
         """Complete the last reply to ``worker`` (taken already unless the epoch ends)."""

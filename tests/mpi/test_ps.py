@@ -160,6 +160,23 @@ def test_dbs_batch_sizes_sum_to_the_total_and_follow_the_speeds():
             assert abs(b - BASE * topo.num_workers * speeds[r] / total) <= 1
 
 
+@pytest.mark.parametrize("servers,order", [(1, "fcfs"), (1, "round_robin"), (2, "fcfs")])
+def test_dbs_rounds_of_fixed_sizes_are_synchronous_sgd(servers, order):
+    if world.size <= servers:
+        pytest.skip("needs the servers and a worker")
+    topo = topology(world.size, servers)
+    momentum = {"momentum": 0.9}
+    got, stats, s = drive("dbs", topo, optimizer=momentum, servers=servers, order=order,
+                          min_batch=BASE, max_batch=BASE)
+    expected = sequential(2, 3, topo.worker_ranks, momentum)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
+    for st in stats:
+        assert st["updates"] == 3 and st["gradients"] == 3 * topo.num_workers
+        assert st["staleness_max"] == 0
+    if topo.role == "worker":
+        assert s.steps == 2 * 3
+
+
 def test_hogwild_one_rank_per_node_ends_each_epoch_on_the_average():
     topo = topology(world.size, 0, 1)
     got, _, s = drive("hogwild", topo, epochs=2, batches=3)
