@@ -46,6 +46,7 @@ from mpi4py import MPI
 
 _RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("label", "S104")])
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
+NAP_S = 1e-4  # one sleep between polls, when ranks outnumber cores (set_oversubscribed)
 ABORT_GRACE_S = 0.5  # before MPI_Abort, for the launcher to forward this rank's output
 _ROLL_CALL_TAG = 7399  # point-to-point on the world, before any other minidp message
 _T = TypeVar("_T")
@@ -71,6 +72,17 @@ def set_timeout(seconds: float) -> float:
         raise ValueError(f"comm timeout: got {seconds!r}, allowed: seconds > 0")
     _settings["timeout"] = float(seconds)
     return _settings["timeout"]
+
+
+def set_oversubscribed(on: bool) -> None:
+    """Tell the waits whether this machine's ranks (x threads) outnumber its cores.
+
+    :class:`~minidp.comm.Topology` sets it. Then a wait that outlasts a few polls sleeps
+    ``NAP_S`` between them: with more runnable processes than cores, a waiting rank that
+    keeps polling (or yielding, which the scheduler largely ignores) takes the cores the
+    ranks it waits for need. With a core per rank it keeps spinning, for the latency.
+    """
+    _settings["nap"] = NAP_S if on else 0.0
 
 
 def set_debug(on: bool) -> None:
@@ -201,11 +213,13 @@ def _waiting(done: Callable[[], bool], label: str, rank: int,
     try:
         deadline = time.monotonic() + comm_timeout()
         polls = 0
+        nap = _settings.get("nap", 0.0)
         # MPICH moves point-to-point data only inside MPI calls: each poll is progress.
         while not done():
             polls += 1
-            if polls > 64:
-                # Ranks may outnumber cores: let the rank we wait for run.
+            if nap and polls > 16:
+                time.sleep(nap)  # more ranks than cores: give the core to the rank awaited
+            elif polls > 64:
                 os.sched_yield()
             if time.monotonic() > deadline:
                 details = missing(board, count) if board else ["(no status board)"]

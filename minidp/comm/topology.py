@@ -32,6 +32,7 @@ from collections import Counter
 import numpy as np
 from mpi4py import MPI
 
+from minidp import threads
 from minidp.comm import guard
 from minidp.comm.shared import Workspace
 
@@ -87,6 +88,8 @@ class Topology:
         # The rank's index on its machine (virtual nodes aside): which GPU it takes.
         machine = world_node if ranks_per_node is None else self._machine()
         self.host_rank = machine.Get_rank()
+        guard.set_oversubscribed(machine.Get_size() * threads.threads_per_rank() >
+                                 threads.available_cores())
         if machine is not world_node:
             guard.collective(machine, _SET_UP, machine.Free)
         leaders = guard.allgather_object(

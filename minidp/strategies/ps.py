@@ -117,7 +117,7 @@ class ParameterServer(Strategy):
         t = self.topology
         self.header[:] = (base, 0, 0, 0)
         p2p.send(self.header, 0, TAG_PULL, t, "pull")
-        p2p.recv(self.reply, 0, TAG_REPLY, t, "pull reply")
+        p2p.recv(self.reply, 0, TAG_REPLY, t, "pull reply", self.reply_from(0))
         self.granted = int(self.reply[0])
         if self.granted == 0:
             for server in t.server_ranks[1:]:
@@ -126,7 +126,8 @@ class ParameterServer(Strategy):
         for server in t.server_ranks:
             if server:
                 p2p.send(self.header, server, TAG_PULL, t, "pull")
-                p2p.recv(self.reply, server, TAG_REPLY, t, "pull reply")
+                p2p.recv(self.reply, server, TAG_REPLY, t, "pull reply",
+                         self.reply_from(server))
             self.versions_read[server] = self.reply[1]
             p2p.recv(self.flat.data[self.slices[server]], server, TAG_PARAMS, t, "parameters")
         self.pulled_at = time.perf_counter()
@@ -141,6 +142,10 @@ class ParameterServer(Strategy):
             p2p.send(self.header, server, TAG_PUSH, self.topology, "push")
             p2p.send(self.flat.grad[self.slices[server]], server, TAG_GRADIENT, self.topology,
                      "push gradient")
+
+    def reply_from(self, server: int) -> list[int]:
+        """The ranks a pull's answer waits on, named if it never comes: the server."""
+        return [server]
 
     # -- server side ---------------------------------------------------------------------
 
@@ -185,7 +190,7 @@ class ParameterServer(Strategy):
             version_read, samples = int(self.header[0]), int(self.header[1])
             self.observe(worker, samples, int(self.header[2]) * 1e-6)
             p2p.recv(self.incoming, worker, TAG_GRADIENT, t, "gradient")
-            staleness = self.version - version_read
+            staleness = self.applied_at(worker) - version_read
             self.record(worker, staleness, samples)
             self.on_gradient(worker, self.incoming, staleness, samples)
             self.samples_applied += samples  # after: the LR of this gradient is its round's
@@ -193,6 +198,10 @@ class ParameterServer(Strategy):
             self.on_pull(worker, int(self.header[0]))
         else:
             raise ValueError(f"rank {t.rank}: unexpected message tag {tag} from rank {worker}")
+
+    def applied_at(self, worker: int) -> int:
+        """The version this server will be at when it applies ``worker``'s arriving gradient."""
+        return self.version
 
     def on_pull(self, worker: int, wanted: int) -> None:
         """A pull asking for ``wanted`` samples: answered at once (``dbs`` may hold it)."""
