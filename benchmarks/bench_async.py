@@ -50,7 +50,7 @@ RECIPES: dict[str, tuple[str, float, float, list[str]]] = {
     "asgd-shard": ("asgd", 0.1, 0.0, ["asgd.epoch=shard"]),  # the DBS paper's ASGD
     "amsgd": ("amsgd", 0.01, 0.9, []),
     "softsync": ("softsync", 0.1, 0.5, []),  # server momentum since 2026-11-23
-    "dbs": ("dbs", 0.1, 0.0, []),
+    "dbs": ("dbs", 0.05, 0.9, []),  # rounds: synchronous steps, sync's rate (2026-11-25)
     "hogwild": ("hogwild", 0.1, 0.0, []),
 }
 STRAGGLER = "3:3"

@@ -87,14 +87,11 @@ class DynamicBatchSGD(ParameterServer):
         max_batch=Option(0, int, "an int >= 0 (0: 4 x --batch-size)", lambda v: v >= 0),
         rebalance_every=Option(0, int, "gradients between re-allocations, >= 0 (0: one per "
                                "worker)", lambda v: v >= 0),
-        ema=Option(0.5, float, "a number in [0, 1): weight of the old throughput estimate",
+        ema=Option(0.9, float, "a number in [0, 1): weight of the old throughput estimate",
                    lambda v: 0 <= v < 1),
         update=Option("round", str, "round (one gradient of every worker per update, "
                       "staleness 0) or each (every gradient at once, as asgd)",
-                      lambda v: v in ("round", "each")),
-        ahead=Option(0, int, "an int >= 0: rounds a worker may push into before the oldest "
-                     "is applied, minus one (0: wait for each update, staleness 0)",
-                     lambda v: v >= 0))
+                      lambda v: v in ("round", "each")))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -106,11 +103,10 @@ class DynamicBatchSGD(ParameterServer):
         self.history: list[list[int]] = []  # the sizes after each re-allocation this epoch
         self.rounds = self.config["update"] == "round"
         self.server_momentum = self.rounds  # a round is a synchronous step: sync's momentum
-        # Rounds not applied yet, oldest first: worker -> (samples, its gradient).
-        self.open: list[dict[int, tuple[int, np.ndarray]]] = []
-        self.spare: list[np.ndarray] = []  # gradient buffers of applied rounds, for reuse
-        self.held: list[tuple[int, int]] = []  # (worker, wanted): pulls answered later
+        self.round: dict[int, int] = {}  # worker -> samples, for this round's gradients
+        self.held: list[tuple[int, int]] = []  # pulls answered when the round is applied
         if self.rounds and self.topology.role == "server":
+            self.round_grads = {w: np.empty_like(self.incoming) for w in workers}
             self.sum = np.empty_like(self.incoming)
 
     def plan(self, total_epochs: int, base_batch: int = 1,
@@ -153,23 +149,13 @@ class DynamicBatchSGD(ParameterServer):
             self.history.append(sizes.tolist())
 
     def on_gradient(self, worker: int, grad: np.ndarray, staleness: int, samples: int) -> None:
-        """``each``: an ASGD step weighted by b_i / b. ``round``: keep it for its round.
-
-        A worker's gradient belongs to the oldest open round it has not given one yet.
-        """
+        """``each``: an ASGD step weighted by b_i / b. ``round``: keep it for the round."""
         if not self.rounds:
             self.apply(grad, samples / self.base_batch)
             return
-        for members in self.open:
-            if worker not in members:
-                break
-        else:
-            members = {}
-            self.open.append(members)
-        kept = self.spare.pop() if self.spare else np.empty_like(grad)
-        kept[:] = grad
-        members[worker] = (samples, kept)
-        self.close_rounds()
+        self.round_grads[worker][:] = grad
+        self.round[worker] = samples
+        self.close_round()
 
     def reply_from(self, server: int) -> list[int]:
         """``round``: a held pull waits on the server and, through the round, on the others."""
@@ -177,45 +163,36 @@ class DynamicBatchSGD(ParameterServer):
             return [server]
         return [server] + [w for w in self.topology.worker_ranks if w != self.topology.rank]
 
-    def applied_at(self, worker: int) -> int:
-        """``round``: the gradient joins the open round after those it is already in."""
-        return self.version + sum(worker in members for members in self.open)
-
     def on_pull(self, worker: int, wanted: int) -> None:
-        """``round``: a worker already ``ahead`` + 1 rounds in waits for the oldest's update."""
-        if sum(worker in members for members in self.open) > self.config["ahead"]:
+        """``round``: a worker that gave this round its gradient waits for the update."""
+        if worker in self.round:
             self.held.append((worker, wanted))
         else:
             self.answer(worker, wanted)
 
     def leave(self, worker: int) -> None:
-        """A worker that leaves may be the one the oldest round was waiting for."""
+        """A worker that leaves may be the one the round was waiting for."""
         super().leave(worker)
         if self.rounds:
-            self.close_rounds()
+            self.close_round()
 
-    def close_rounds(self) -> None:
-        """Apply each oldest round that every worker still in the epoch has given to.
+    def close_round(self) -> None:
+        """Once every worker still in the epoch has pushed: one update, then the pulls.
 
-        One update per round, w <- w - lr * sum_i b_i g_i / sum_i b_i; the gradients are
-        summed in rank order (not arrival order), so a run's bits do not depend on which
-        worker came first. Then the held pulls are looked at again.
+        The round's gradients are summed in rank order (not arrival order), so a run's
+        bits do not depend on which worker came first.
         """
-        closed = False
-        while self.open and all(w in self.open[0] for w in self.active):
-            members = self.open.pop(0)
-            total = sum(samples for samples, _ in members.values())
-            self.sum[...] = 0
-            for worker in sorted(members):
-                samples, kept = members[worker]
-                self.sum += (samples / total) * kept
-                self.spare.append(kept)
-            self.apply(self.sum, 1.0)
-            closed = True
-        if closed:
-            held, self.held = self.held, []
-            for worker, wanted in held:
-                self.on_pull(worker, wanted)
+        if not self.round or any(w not in self.round for w in self.active):
+            return
+        total = sum(self.round.values())
+        self.sum[...] = 0
+        for worker in sorted(self.round):
+            self.sum += (self.round[worker] / total) * self.round_grads[worker]
+        self.apply(self.sum, 1.0)
+        self.round.clear()
+        held, self.held = self.held, []
+        for worker, wanted in held:
+            self.answer(worker, wanted)
 
     def begin_epoch(self, epoch: int, batches: int) -> None:
         """Start the epoch's record of allocations (the sizes themselves carry over)."""

@@ -190,7 +190,7 @@ class ParameterServer(Strategy):
             version_read, samples = int(self.header[0]), int(self.header[1])
             self.observe(worker, samples, int(self.header[2]) * 1e-6)
             p2p.recv(self.incoming, worker, TAG_GRADIENT, t, "gradient")
-            staleness = self.applied_at(worker) - version_read
+            staleness = self.version - version_read
             self.record(worker, staleness, samples)
             self.on_gradient(worker, self.incoming, staleness, samples)
             self.samples_applied += samples  # after: the LR of this gradient is its round's
@@ -198,10 +198,6 @@ class ParameterServer(Strategy):
             self.on_pull(worker, int(self.header[0]))
         else:
             raise ValueError(f"rank {t.rank}: unexpected message tag {tag} from rank {worker}")
-
-    def applied_at(self, worker: int) -> int:
-        """The version this server will be at when it applies ``worker``'s arriving gradient."""
-        return self.version
 
     def on_pull(self, worker: int, wanted: int) -> None:
         """A pull asking for ``wanted`` samples: answered at once (``dbs`` may hold it)."""

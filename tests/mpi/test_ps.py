@@ -177,25 +177,6 @@ def test_dbs_rounds_of_fixed_sizes_are_synchronous_sgd(servers, order):
         assert s.steps == 2 * 3
 
 
-@pytest.mark.parametrize("servers", [1, 2])
-def test_dbs_rounds_one_ahead_lose_no_gradient_and_stay_one_update_stale(servers):
-    if world.size <= servers:
-        pytest.skip("needs the servers and a worker")
-    topo = topology(world.size, servers)
-    centre, stats, s = drive("dbs", topo, batches=4, servers=servers, ahead=1, min_batch=1,
-                             max_batch=16, optimizer={"momentum": 0.9})
-    pushes = world.allreduce(s.steps if topo.role == "worker" else 0)
-    assert pushes == sum(st["gradients"] for st in stats)
-    for st in stats:
-        assert sum(st["worker_samples"].values()) <= 4 * BASE * topo.num_workers
-        assert st["staleness_max"] <= 1
-        # A round holds at most one gradient of each worker.
-        assert st["gradients"] <= topo.num_workers * st["updates"]
-        assert st["updates"] <= st["gradients"]
-    gathered = world.allgather(centre)
-    assert all(np.array_equal(g, gathered[0]) for g in gathered)
-
-
 def test_hogwild_one_rank_per_node_ends_each_epoch_on_the_average():
     topo = topology(world.size, 0, 1)
     got, _, s = drive("hogwild", topo, epochs=2, batches=3)
