@@ -50,7 +50,8 @@ RECIPES: dict[str, tuple[str, float, float, list[str]]] = {
     "asgd-shard": ("asgd", 0.1, 0.0, ["asgd.epoch=shard"]),  # the DBS paper's ASGD
     "amsgd": ("amsgd", 0.01, 0.9, []),
     "softsync": ("softsync", 0.1, 0.5, []),  # server momentum since 2026-11-23
-    "dbs": ("dbs", 0.05, 0.9, []),  # rounds: synchronous steps, sync's rate (2026-11-25)
+    "dbs": ("dbs", 0.1, 0.0, []),
+    "dbs-round": ("dbs", 0.05, 0.9, ["dbs.update=round"]),  # synchronous steps: sync's rate
     "hogwild": ("hogwild", 0.1, 0.0, []),
 }
 STRAGGLER = "3:3"
@@ -165,7 +166,8 @@ def part_accuracy(args: argparse.Namespace, tmp: str) -> None:
 def part_straggler(args: argparse.Namespace, tmp: str) -> None:
     print(f"\n## straggler: --slowdown {STRAGGLER} (rank 3 computes 3x slower)\n", flush=True)
     plan = [(label, *recipe(args, label)) for label in
-            selected(args, ["sync", "asgd", "asgd-shard", "softsync", "dbs", "hogwild"])]
+            selected(args, ["sync", "asgd", "asgd-shard", "softsync", "dbs", "dbs-round",
+                            "hogwild"])]
     for sets in args.dbs_variant:
         _, lr, momentum, base_sets = recipe(args, "dbs")
         plan.append((f"dbs ({sets})", "dbs", lr, momentum, base_sets + sets.split(",")))

@@ -75,6 +75,15 @@ def test_a_failed_worker_ends_the_job_naming_it(tmp_path, data_dir, strategy, ki
     assert_ended_naming(launch, 3, kind, 2, f"{strategy} (rank 3, a worker)")
 
 
+def test_a_worker_hung_in_a_dbs_round_is_named_by_those_the_round_holds(tmp_path, data_dir):
+    # The others wait on the server's held replies, not on rank 3: their timeouts must
+    # still name rank 3, which the round waits for.
+    args = SMALL + NODES + ["--strategy", "dbs", "--set", "dbs.update=round", "--out",
+                            str(tmp_path / "run"), "--inject-fault", "3:2:hang"]
+    launch = train(args, 4, data_dir, timeout=TIMEOUT_S + MARGIN_S + 30)
+    assert_ended_naming(launch, 3, "hang", 2, "dbs, update=round (rank 3, a worker)")
+
+
 @pytest.mark.parametrize("kind", [k for k in KINDS if FULL or k == "raise"])
 def test_a_failed_server_ends_the_job_naming_it(tmp_path, data_dir, kind):
     args = SMALL + ["--epochs", "2", "--train-samples", "192", "--strategy", "asgd", "--out",

@@ -14,14 +14,14 @@ is minidp's reconstruction (``docs/dbs.md`` lists every choice):
   fixed-batch run's), rounded by largest remainders and clamped to
   [``min_batch``, ``max_batch``] with the total kept; the new b_i goes out with the
   worker's next pull;
-* update (``update=round``, the default): equal iteration times are what let the server
-  take one gradient from every worker per update without anybody waiting long, so it
-  does, and answers their next pulls after that update: every gradient is fresh
-  (staleness 0), w <- w - lr * sum_i b_i g_i / sum_i b_i, with ``--momentum`` at the
-  server, i.e. synchronous SGD on the round's samples whose straggler takes a small
-  share. ``update=each``: ASGD, each gradient applied as it arrives, weighted by its
-  share of samples, w <- w - lr * (b_i / b) * g_i (g_i the mean over b_i samples, b the
-  base batch), so a sample counts the same whichever worker took it.
+* update (``update=each``, the default): ASGD, each gradient applied as it arrives,
+  weighted by its share of samples, w <- w - lr * (b_i / b) * g_i (g_i the mean over b_i
+  samples, b the base batch), so a sample counts the same whichever worker took it.
+  ``update=round``: equal iteration times let the server take one gradient from every
+  worker per update without anybody waiting long, so it does, and answers their next
+  pulls after that update: every gradient is fresh (staleness 0),
+  w <- w - lr * sum_i b_i g_i / sum_i b_i with ``--momentum`` at the server, i.e.
+  synchronous SGD on the round's samples, of which the straggler takes a small share.
 """
 
 from __future__ import annotations
@@ -73,10 +73,18 @@ class DynamicBatchSGD(ParameterServer):
 
     Communication: as :class:`ParameterServer`; the batch size b_i rides on server 0's
     answer to every pull (the first field of the reply header), the worker's compute
-    time on every push. Nobody waits for anybody but the server: with b_i proportional
-    to v_i every worker's iteration takes about b_i / v_i = B / sum(v), so gradients
-    arrive in turn and every staleness is about workers - 1, instead of large for slow
-    workers and small for fast ones. With equal speeds this is ``asgd``.
+    time on every push. With b_i proportional to v_i every worker's iteration takes
+    about b_i / v_i = B / sum(v).
+
+    ``update=each``: nobody waits for anybody but the server; gradients arrive in turn
+    and every staleness is about workers - 1, instead of large for slow workers and
+    small for fast ones. With equal speeds this is ``asgd``.
+
+    ``update=round``: each server holds the pull of a worker whose gradient is already
+    in the open round, and answers it right after the round's update; the round is
+    complete when every worker still in the epoch has pushed. Workers wait for the
+    slowest iteration of each round, which the balanced sizes keep short. With fixed
+    sizes this is synchronous SGD on workers x b samples.
     """
 
     name = "dbs"
@@ -89,8 +97,8 @@ class DynamicBatchSGD(ParameterServer):
                                "worker)", lambda v: v >= 0),
         ema=Option(0.9, float, "a number in [0, 1): weight of the old throughput estimate",
                    lambda v: 0 <= v < 1),
-        update=Option("round", str, "round (one gradient of every worker per update, "
-                      "staleness 0) or each (every gradient at once, as asgd)",
+        update=Option("each", str, "each (every gradient at once, as asgd) or round (one "
+                      "gradient of every worker per update, staleness 0)",
                       lambda v: v in ("round", "each")))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from minidp import threads
 from minidp.comm import Topology, guard, p2p
 from minidp.comm.network import NetworkModel, set_network_model
 from minidp.trace import Tracer, set_tracer
@@ -303,3 +304,21 @@ def test_a_receive_from_a_silent_rank_times_out_naming_it(topology, short_timeou
         assert re.search(board, errors[1]) and errors[2] == errors[1]
         assert late == p2p.Message(1, 15, 24)
         np.testing.assert_array_equal(got, [1.0, 2.0, 3.0])
+
+
+def test_a_wait_naps_when_the_machines_ranks_outnumber_its_cores(topology):
+    machine = world.Split_type(MPI.COMM_TYPE_SHARED)
+    crowded = machine.Get_size() * threads.threads_per_rank() > threads.available_cores()
+    machine.Free()
+    assert guard._settings.get("nap", 0.0) == (guard.NAP_S if crowded else 0.0)
+    try:
+        guard.set_oversubscribed(True)
+        until = time.monotonic() + 0.3
+        cpu = time.process_time()
+        guard._waiting(lambda: time.monotonic() > until, "nap test", rank,
+                       lambda board, count: [])
+        # Sleeping between polls: a small part of the wait on the CPU (spinning: all of it,
+        # less only what the scheduler gave to others).
+        assert time.process_time() - cpu < 0.1
+    finally:
+        guard.set_oversubscribed(crowded)

@@ -167,7 +167,7 @@ def test_dbs_rounds_of_fixed_sizes_are_synchronous_sgd(servers, order):
     topo = topology(world.size, servers)
     momentum = {"momentum": 0.9}
     got, stats, s = drive("dbs", topo, optimizer=momentum, servers=servers, order=order,
-                          min_batch=BASE, max_batch=BASE)
+                          update="round", min_batch=BASE, max_batch=BASE)
     expected = sequential(2, 3, topo.worker_ranks, momentum)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
     for st in stats:
