@@ -109,11 +109,11 @@ class DynamicBatchSGD(ParameterServer):
         self.allocated_speeds = dict(self.speeds)  # the speeds the sizes were computed from
         self.since_rebalance = 0
         self.history: list[list[int]] = []  # the sizes after each re-allocation this epoch
-        self.rounds = self.config["update"] == "round"
-        self.server_momentum = self.rounds  # a round is a synchronous step: sync's momentum
+        self.round_mode = self.config["update"] == "round"
+        self.server_momentum = self.round_mode  # a round is a synchronous step: sync's momentum
         self.round: dict[int, int] = {}  # worker -> samples, for this round's gradients
         self.held: list[tuple[int, int]] = []  # pulls answered when the round is applied
-        if self.rounds and self.topology.role == "server":
+        if self.round_mode and self.topology.role == "server":
             self.round_grads = {w: np.empty_like(self.incoming) for w in workers}
             self.sum = np.empty_like(self.incoming)
 
@@ -158,7 +158,7 @@ class DynamicBatchSGD(ParameterServer):
 
     def on_gradient(self, worker: int, grad: np.ndarray, staleness: int, samples: int) -> None:
         """``each``: an ASGD step weighted by b_i / b. ``round``: keep it for the round."""
-        if not self.rounds:
+        if not self.round_mode:
             self.apply(grad, samples / self.base_batch)
             return
         self.round_grads[worker][:] = grad
@@ -167,7 +167,7 @@ class DynamicBatchSGD(ParameterServer):
 
     def reply_from(self, server: int) -> list[int]:
         """``round``: a held pull waits on the server and, through the round, on the others."""
-        if not self.rounds:
+        if not self.round_mode:
             return [server]
         return [server] + [w for w in self.topology.worker_ranks if w != self.topology.rank]
 
@@ -181,7 +181,7 @@ class DynamicBatchSGD(ParameterServer):
     def leave(self, worker: int) -> None:
         """A worker that leaves may be the one the round was waiting for."""
         super().leave(worker)
-        if self.rounds:
+        if self.round_mode:
             self.close_round()
 
     def close_round(self) -> None:

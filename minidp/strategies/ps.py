@@ -95,6 +95,7 @@ class ParameterServer(Strategy):
         self.granted, self.pulled_at = 0, 0.0
         self.version = 0  # updates this server has applied over the run
         self.samples_applied = 0  # samples behind those updates (the LR schedule's clock)
+        self.active: list[int] = []  # server: workers whose epoch goes on (set by serve)
         if not isinstance(self.optimizer, SGD):
             raise ValueError(f"rank {t.rank}: --optimizer: got "
                              f"{type(self.optimizer).__name__}, allowed with {self.name}: sgd "
@@ -164,7 +165,7 @@ class ParameterServer(Strategy):
     def serve(self) -> None:
         """Answer pulls, pushes and DONEs until every worker's epoch is over."""
         t = self.topology
-        self.active = list(t.worker_ranks)  # workers whose epoch goes on, at this server
+        self.active = list(t.worker_ranks)
         turn = 0
         while self.active:
             turn %= len(self.active)
