@@ -195,7 +195,9 @@ class DynamicBatchSGD(ParameterServer):
         total = sum(self.round.values())
         self.sum[...] = 0
         for worker in sorted(self.round):
-            self.sum += (self.round[worker] / total) * self.round_grads[worker]
+            kept = self.round_grads[worker]
+            kept *= self.round[worker] / total  # in place: no array allocated per round
+            self.sum += kept
         self.apply(self.sum, 1.0)
         self.round.clear()
         held, self.held = self.held, []
