@@ -21,7 +21,10 @@ MARGIN_S = 25  # start-up, the first epoch's compile-free work, MPICH tearing do
 SMALL = ["--epochs", "1", "--train-samples", "800", "--test-samples", "200",
          "--comm-timeout", str(TIMEOUT_S)]
 NODES = ["--ranks-per-node", "2"]
-DASO = ["--set", "daso.warmup_epochs=0", "--set", "daso.cooldown_epochs=0"]
+# dbs in rounds: the others wait on the server's held replies, not on the failed rank,
+# and must still name it (dbs's default form fails as asgd does, which has its own rows).
+EXTRA = {"daso": ["--set", "daso.warmup_epochs=0", "--set", "daso.cooldown_epochs=0"],
+         "dbs": ["--set", "dbs.update=round"]}
 
 
 @pytest.fixture
@@ -70,18 +73,9 @@ def assert_ended_naming(launch, rank, kind, step, case):
 @pytest.mark.parametrize("strategy, kind", CASES)
 def test_a_failed_worker_ends_the_job_naming_it(tmp_path, data_dir, strategy, kind):
     args = SMALL + NODES + ["--strategy", strategy, "--out", str(tmp_path / "run"),
-                    "--inject-fault", f"3:2:{kind}"] + (DASO if strategy == "daso" else [])
+                    "--inject-fault", f"3:2:{kind}"] + EXTRA.get(strategy, [])
     launch = train(args, 4, data_dir, timeout=TIMEOUT_S + MARGIN_S + 30)
     assert_ended_naming(launch, 3, kind, 2, f"{strategy} (rank 3, a worker)")
-
-
-def test_a_worker_hung_in_a_dbs_round_is_named_by_those_the_round_holds(tmp_path, data_dir):
-    # The others wait on the server's held replies, not on rank 3: their timeouts must
-    # still name rank 3, which the round waits for.
-    args = SMALL + NODES + ["--strategy", "dbs", "--set", "dbs.update=round", "--out",
-                            str(tmp_path / "run"), "--inject-fault", "3:2:hang"]
-    launch = train(args, 4, data_dir, timeout=TIMEOUT_S + MARGIN_S + 30)
-    assert_ended_naming(launch, 3, "hang", 2, "dbs, update=round (rank 3, a worker)")
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if FULL or k == "raise"])
