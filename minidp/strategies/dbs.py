@@ -167,9 +167,8 @@ class DynamicBatchSGD(ParameterServer):
 
     def reply_from(self, server: int) -> list[int]:
         """``round``: a held pull waits on the server and, through the round, on the others."""
-        if not self.round_mode:
-            return [server]
-        return [server] + [w for w in self.topology.worker_ranks if w != self.topology.rank]
+        others = [w for w in self.topology.worker_ranks if w != self.topology.rank]
+        return super().reply_from(server) + (others if self.round_mode else [])
 
     def on_pull(self, worker: int, wanted: int) -> None:
         """``round``: a worker that gave this round its gradient waits for the update."""
