@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from minidp.compare import mpiexec
+from minidp.reporting.launcher import mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

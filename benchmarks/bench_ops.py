@@ -4,7 +4,7 @@
 
 One thread, float32, batch 64, measured in one run. For each layer shape of LeNet-5,
 the CIFAR CNN and ResNet-20: minidp with its Numba kernels (each convolution by the
-engine :class:`minidp.ops.conv.Conv2d` picks for it: Winograd, row taps or chunked
+engine :class:`minidp.autograd.ops.conv.Conv2d` picks for it: Winograd, row taps or chunked
 im2col; the fused batch norm), the same minidp ops on the plain NumPy references
 (what CuPy and ``NUMBA_DISABLE_JIT=1`` run), and PyTorch's op when torch is
 installed. Prints the best time of each and the ratios minidp/PyTorch and
@@ -16,7 +16,8 @@ import sys
 import common  # noqa: F401 - sets one thread before minidp loads BLAS
 import numpy as np
 
-from minidp import Tensor, ops
+from minidp import Tensor
+from minidp.autograd import ops
 from minidp.kernels.jit import ensure_compiled, references_only
 
 # (name, input shape, weight shape, stride, padding); a 1-D weight shape is a batch norm

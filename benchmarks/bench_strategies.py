@@ -12,7 +12,7 @@ and its ratio to the first ``sync`` run, comm share and inter-node MiB; the time
 epoch side by side; and for each DASO run, its blocking epochs (B = 0: warm-up,
 cool-down) and cycling epochs against sync's mean epoch, and the whole run's time and
 accuracy against sync's. With the network model on, inter-node operations take at
-least latency + bytes / bandwidth (DESIGN.md s.5).
+least latency + bytes / bandwidth (docs/design.md).
 """
 
 import argparse
@@ -24,7 +24,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 
-from minidp.reports import label_runs, load_run  # noqa: E402
+from minidp.reporting.runs import label_runs, load_run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = "sync,hsgd,hbsgd:k=4,daso:warmup_epochs=1:cooldown_epochs=1"

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 os.environ.setdefault("MINIDP_NUM_THREADS", "1")  # before minidp sets up its threads
-from minidp.compare import mpiexec, run_job  # noqa: E402
+from minidp.reporting.launcher import mpiexec, run_job  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

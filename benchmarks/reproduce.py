@@ -25,7 +25,8 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 
-from minidp.reports import Run, load_run, runs_table, write_report  # noqa: E402
+from minidp.reporting.report import runs_table, write_report  # noqa: E402
+from minidp.reporting.runs import Run, load_run  # noqa: E402
 
 ROOT = common.ROOT
 NETWORK = ["--ranks-per-node", "2", "--net-latency-us", "50", "--net-bandwidth-gbps", "1"]

@@ -12,8 +12,8 @@ accuracy, and what the server saw (updates, staleness, samples per worker).
 
 from mpi4py import MPI
 
-from minidp.config import TrainConfig
-from minidp.train import Trainer
+from minidp.run.config import TrainConfig
+from minidp.run.trainer import Trainer
 
 RUNS = {"sync": dict(lr=0.05, momentum=0.9), "asgd": dict(lr=0.1, momentum=0.0),
         "dbs": dict(lr=0.1, momentum=0.0)}

@@ -10,8 +10,8 @@ the share of it spent communicating.
 
 from mpi4py import MPI
 
-from minidp.config import TrainConfig
-from minidp.train import Trainer
+from minidp.run.config import TrainConfig
+from minidp.run.trainer import Trainer
 
 config = TrainConfig(model="mlp", dataset="fashion-mnist", strategy="daso", epochs=5,
                      batch_size=64, lr=0.05, momentum=0.9, ranks_per_node=2,

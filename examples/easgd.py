@@ -13,8 +13,8 @@ sent between nodes.
 
 from mpi4py import MPI
 
-from minidp.config import TrainConfig
-from minidp.train import Trainer
+from minidp.run.config import TrainConfig
+from minidp.run.trainer import Trainer
 
 RUNS = {"easgd-rr": 0.1, "easgd-async": 0.1, "measgd-async": 0.02, "easgd-hogwild": 0.1,
         "easgd-sync": 0.1}

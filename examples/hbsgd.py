@@ -9,8 +9,8 @@ synchronous SGD, and K = 8.
 
 from mpi4py import MPI
 
-from minidp.config import TrainConfig
-from minidp.train import Trainer
+from minidp.run.config import TrainConfig
+from minidp.run.trainer import Trainer
 
 for k in (1, 8):
     config = TrainConfig(model="lenet5", dataset="fashion-mnist", strategy="hbsgd", epochs=2,

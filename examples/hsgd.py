@@ -13,8 +13,8 @@ applied to the averaged gradient. The same from the command line::
 
 from mpi4py import MPI
 
-from minidp.config import TrainConfig
-from minidp.train import Trainer
+from minidp.run.config import TrainConfig
+from minidp.run.trainer import Trainer
 
 config = TrainConfig(model="lenet5", dataset="fashion-mnist", strategy="hsgd", epochs=4,
                      batch_size=64, optimizer="lars", lr=20.0, momentum=0.9,

@@ -8,7 +8,7 @@ aborts every rank. A user error (bad setting, refused --out or --resume, bad
 rank 0, when every rank has the same error, and the job ends normally (MPI finalised,
 no abort banner, nothing left in ``/dev/shm``); else printed by each rank, and the job
 is aborted. A run stopped by SIGTERM or SIGUSR1 writes a checkpoint and exits with
-status 3 (:data:`minidp.stopping.EXIT_STOPPED`): resume it with ``--resume``.
+status 3 (:data:`minidp.run.stopping.EXIT_STOPPED`): resume it with ``--resume``.
 """
 
 from __future__ import annotations
@@ -113,11 +113,11 @@ def train(args: argparse.Namespace) -> int:
 
     from minidp import threads
     from minidp.comm import guard
-    from minidp.config import from_args
     from minidp.kernels import ensure_compiled
-    from minidp.report import phase_table
-    from minidp.stopping import EXIT_STOPPED, Stopped
-    from minidp.train import Trainer
+    from minidp.run.files import phase_table
+    from minidp.run.flags import from_args
+    from minidp.run.stopping import EXIT_STOPPED, Stopped
+    from minidp.run.trainer import Trainer
 
     guard.install_abort_hook()
     errors = MPI.COMM_WORLD  # until its duplicate exists
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minidp", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, MPI, backend, threads").set_defaults(run=info)
-    from minidp.config import build_parser
+    from minidp.run.flags import build_parser
 
     train_parser = sub.add_parser("train", help="train a model with a distributed strategy")
     build_parser(train_parser).set_defaults(run=train)
@@ -175,9 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--data-dir", default="data", help="where source files are looked for")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
     prep.set_defaults(run=data_prepare)
-    from minidp import compare, reports, simulate
+    from minidp.reporting import compare, report
+    from minidp.simulate import command as simulate
 
-    reports.add_arguments(sub.add_parser("report", help="report.md and plots of runs"))
+    report.add_arguments(sub.add_parser("report", help="report.md and plots of runs"))
     compare.add_arguments(sub.add_parser("compare", help="train several strategies alike, "
                                          "then report"))
     simulate.add_arguments(sub.add_parser(

@@ -1,6 +1,6 @@
 """The functional API: stateless ops on Tensors, named as in ``torch.nn.functional``."""
 
-from minidp.ops import (
+from minidp.autograd.ops import (
     avg_pool2d,
     batch_norm,
     conv2d,

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from minidp.compare import mpiexec
+from minidp.reporting.launcher import mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WATCHDOG_FIRED = "APPLICATION TIMED OUT"

@@ -8,7 +8,7 @@ import sys
 import pytest
 from spmd import ROOT
 
-from minidp import compare
+from minidp.reporting import compare
 
 pytest.importorskip("matplotlib")
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from spmd import ROOT, mpiexec
 
-from minidp.console import explain_steps
+from minidp.run.console import explain_steps
 
 
 def test_explain_steps_come_from_the_flag_else_the_environment(monkeypatch):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from test_train_cli import train
 
-from minidp import faults, strategies
+from minidp import strategies
+from minidp.run import faults
 
 TIMEOUT_S = 5  # --comm-timeout of these runs (start-up skew on 2 loaded cores stays below)
 MARGIN_S = 25  # start-up, the first epoch's compile-free work, MPICH tearing down
@@ -98,8 +99,8 @@ def test_faults_a_server_cannot_have_are_refused_on_every_rank():
             faults.Injector(faults.parse("0:3:nan"), rank, 3, servers=(0,))
     injector = faults.Injector(faults.parse("1:3:slow,0:2:raise"), 1, 3, servers=(0,))
     injector.at_serve(3)  # rank 1's fault fires at its steps, not at a serve
-    injector.at_step(3, np.zeros(1))
-    assert injector.slow == faults.SLOW_FACTOR
+    injector.at_step(3, np.zeros(1), 0.0)
+    assert injector.slowdown == faults.SLOW_FACTOR
     with pytest.raises(RuntimeError, match=r"rank 0: injected fault 'raise' at step 2 \(a "
                                            r"server: the start of serving epoch 2\)"):
         faults.Injector(faults.parse("0:2:raise"), 0, 3, servers=(0,)).at_serve(2)

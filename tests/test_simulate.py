@@ -7,8 +7,8 @@ import os
 import pytest
 
 from minidp.comm.network import NetworkModel
-from minidp.simulate import add_arguments, main, parse_nodes, parse_strategies, setup
-from minidp.simulate_costs import (
+from minidp.simulate.command import add_arguments, main
+from minidp.simulate.costs import (
     Cluster,
     Node,
     daso_epoch,
@@ -19,7 +19,9 @@ from minidp.simulate_costs import (
     sync_epoch,
     world_allreduce,
 )
-from minidp.simulate_validate import binding, compare, node_cores
+from minidp.simulate.measure import node_cores
+from minidp.simulate.predict import parse_nodes, parse_strategies, setup
+from minidp.simulate.validate import binding, compare
 
 ALPHA, GBPS = 50e-6, 1.0  # 50 us, 1 Gbit/s
 N = 2 ** 20  # bytes of the buffer

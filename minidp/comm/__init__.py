@@ -4,7 +4,7 @@ Point-to-point messages are a module of their own: ``minidp.comm.p2p.send(...)``
 """
 
 from minidp.comm import p2p
-from minidp.comm.allreduce import (
+from minidp.comm.allreducers import (
     ALLREDUCE_ALGORITHMS,
     AllreduceRequest,
     allreduce,

@@ -16,9 +16,9 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp.comm import guard
-from minidp.comm.allreduce import AllreduceRequest, Buffer, check_buffer
-from minidp.comm.allreduce.base import node_bytes
-from minidp.comm.allreduce.hierarchical import NodeSlices, RailAllreduce
+from minidp.comm.allreducers import AllreduceRequest, Buffer, check_buffer
+from minidp.comm.allreducers.base import node_bytes
+from minidp.comm.allreducers.hierarchical import NodeSlices, RailAllreduce
 from minidp.comm.network import charged
 from minidp.comm.topology import Topology
 

@@ -48,9 +48,11 @@ import os
 import re
 import struct
 import sys
+from typing import BinaryIO
 
 import numpy as np
 
+from minidp.io.atomic import atomic_write
 from minidp.kernels.checksum import byte_checksum as checksum
 
 MAGIC = b"MINIDP\x00\x01"
@@ -256,30 +258,28 @@ def write_mdp(path: str, x: np.ndarray, y: np.ndarray, num_classes: int,
     header = Header(len(x), 0, tuple(x.shape[1:]), x.dtype, y.dtype, int(num_classes), (0, 0),
                     shuffled=bool(shuffled))
     header = dataclasses.replace(header, record_size=header.record_dtype.itemsize)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    total = (0, 0)
     step = max(1, _CHUNK // header.record_size)
+
+    def write(f: BinaryIO) -> None:
+        nonlocal header
+        total = (0, 0)
+        f.write(header.pack())
+        for a in range(0, len(x), step):
+            records = np.empty(min(step, len(x) - a), dtype=header.record_dtype)
+            records["x"], records["y"] = x[a:a + step], y[a:a + step]
+            total = add_checksums(total, checksum(records, a * header.record_size))
+            f.write(records.tobytes())
+            if progress:
+                done = min(a + step, len(x)) / max(len(x), 1)
+                sys.stderr.write(f"\r{os.path.basename(path)} [{'#' * int(30 * done):30s}] "
+                                 f"{100 * done:5.1f}%")
+        header = dataclasses.replace(header, checksum=total)
+        f.seek(0)  # the checksum is known only now
+        f.write(header.pack())
+
     try:
-        with open(tmp, "wb") as f:
-            f.write(header.pack())
-            for a in range(0, len(x), step):
-                records = np.empty(min(step, len(x) - a), dtype=header.record_dtype)
-                records["x"], records["y"] = x[a:a + step], y[a:a + step]
-                total = add_checksums(total, checksum(records, a * header.record_size))
-                f.write(records.tobytes())
-                if progress:
-                    done = min(a + step, len(x)) / max(len(x), 1)
-                    sys.stderr.write(f"\r{os.path.basename(path)} [{'#' * int(30 * done):30s}] "
-                                     f"{100 * done:5.1f}%")
-            header = dataclasses.replace(header, checksum=total)
-            f.seek(0)
-            f.write(header.pack())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, write, "wb")
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
         if progress:
             sys.stderr.write("\n")
     return header

@@ -15,24 +15,108 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from minidp.comm import Topology, guard
+from minidp.io.datasets import NORMALIZATION, normalize
 from minidp.io.mdp import Header, decode, read_header
 from minidp.io.prepare import dataset_paths, prepare_dataset
-from minidp.io.readers import LeaderReader, MPIIOReader, Reader, open_reader, verify_checksum
+from minidp.io.readers import (
+    EpochStream,
+    LeaderReader,
+    MPIIOReader,
+    Reader,
+    epoch_rng,
+    open_reader,
+    verify_checksum,
+)
+
+TEST_BATCH = 1000  # samples per forward pass of the evaluation
+
+
+class Batches:
+    """A worker's batches of one epoch, normalised and in the run's dtype.
+
+    A worker faster than its share of an epoch (an asynchronous strategy gives it more
+    batches than its shard holds) starts another pass over its shard, in the order of
+    ``epoch_rng(seed, epoch, rank + passes * world size)``, so every pass of every rank
+    has its own order and a resumed run draws the same ones.
+
+    Args:
+        stream: the rank's shard of the epoch (:meth:`Reader.epoch`).
+        data: the run's data (its dataset names the normalisation).
+        dtype: the model's dtype.
+        epoch: the epoch (0-based), for the next passes' order.
+        asked_by: who asks for the batches (the strategy), for the error message.
+    """
+
+    def __init__(self, stream: EpochStream, data: TrainingData, dtype: np.dtype, epoch: int,
+                 asked_by: str) -> None:
+        self.stream, self.data, self.dtype = stream, data, dtype
+        self.epoch, self.asked_by, self.passes = epoch, asked_by, 0
+
+    def skip(self, samples: int) -> None:
+        """Continue after ``samples`` samples (an epoch resumed between batches)."""
+        self.stream.position = samples
+
+    def take(self, n: int) -> tuple[Any, Any]:
+        """The next ``n`` samples (normalised, in ``dtype``) and their labels."""
+        d = self.data
+        batch = self.stream.take(n)
+        if batch is None:  # faster than its share (asynchronous): another pass
+            self.passes += 1
+            self.stream.rewind(epoch_rng(d.seed, self.epoch, d.rank + self.passes * d.ranks))
+            batch = self.stream.take(n)
+        if batch is None:
+            raise ValueError(f"rank {d.rank}: batch of {n} samples asked by {self.asked_by}, "
+                             f"but this worker's shard holds {self.stream.remaining}; use "
+                             "fewer workers or smaller batches")
+        return d.normalized(batch[0], self.dtype), batch[1]
 
 
 @dataclasses.dataclass
 class TrainingData:
-    """What the Trainer reads: the training reader (None on servers) and this rank's test block."""
+    """What the Trainer reads: the training reader (None on servers) and this rank's test block.
+
+    Attributes:
+        reader: the training file's reader (None on a server rank).
+        header: the training file's header.
+        samples_per_worker: the training samples of one worker per epoch.
+        test_x: this rank's contiguous block of the test set (raw).
+        test_y: its labels.
+        dataset: the dataset's name (its normalisation).
+        seed: the run's seed (the order of extra passes).
+        rank: this rank in the world.
+        ranks: the world's size.
+    """
 
     reader: Reader | None
     header: Header
     samples_per_worker: int
     test_x: np.ndarray
     test_y: np.ndarray
+    dataset: str
+    seed: int
+    rank: int
+    ranks: int
+
+    def normalized(self, x: Any, dtype: np.dtype) -> Any:
+        """Samples as the model takes them: the dataset's normalisation, in ``dtype``."""
+        mean, std = NORMALIZATION[self.dataset]
+        return normalize(x, mean, std).astype(dtype, copy=False)
+
+    def batches(self, epoch: int, batch_size: int, dtype: np.dtype, asked_by: str) -> Batches:
+        """This worker's batches of ``epoch`` (``batch_size``: the reader's unit)."""
+        return Batches(self.reader.epoch(epoch, batch_size), self, dtype, epoch, asked_by)
+
+    def test_batches(self, dtype: np.dtype) -> Iterator[tuple[Any, np.ndarray]]:
+        """This rank's test block in batches of :data:`TEST_BATCH`, normalised."""
+        for i in range(0, len(self.test_y), TEST_BATCH):
+            yield (self.normalized(self.test_x[i:i + TEST_BATCH], dtype),
+                   self.test_y[i:i + TEST_BATCH])
 
 
 def prepare_on_rank0(dataset: str, data_dir: str, topology: Topology) -> tuple[str, str]:
@@ -93,4 +177,5 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
     tests = MPIIOReader(test, topology.world, limit=test_samples)
     x, y = decode(np.concatenate(tests.read_block(0) or [np.empty(0, np.uint8)]),
                   tests.header)
-    return TrainingData(train_reader, headers[0], count // topology.num_workers, x, y)
+    return TrainingData(train_reader, headers[0], count // topology.num_workers, x, y, dataset,
+                        seed, topology.rank, topology.size)

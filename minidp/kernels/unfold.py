@@ -8,7 +8,7 @@ Layout (shared by the Numba kernels and the NumPy references)::
 so ``W.reshape(F, C*kh*kw) @ cols`` is the convolution, and the view
 ``cols.reshape(K, N, OH*OW).transpose(1, 0, 2)`` gives each sample's columns, whose
 product with the weight is that sample's output already in NCHW order. The
-convolution (:mod:`minidp.ops.conv`) unfolds a few samples at a time into a small
+convolution (:mod:`minidp.autograd.ops.conv`) unfolds a few samples at a time into a small
 buffer that stays in cache while BLAS reads it. Padding is never
 materialised: out-of-image taps read as zero. Heights and widths have their own
 padding (``ph``, ``pw``), which the transposed convolution of the backward pass needs.

@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from minidp import backend, ops
+from minidp import backend
+from minidp.autograd import ops
+from minidp.autograd.tensor import Tensor
 from minidp.layers import init
 from minidp.layers.module import Module, Parameter
-from minidp.tensor import Tensor
 
 
 class Linear(Module):

@@ -12,15 +12,22 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from minidp.autograd.tensor import Tensor
 from minidp.backend import array_module
-from minidp.tensor import Tensor
 
 
 class Parameter(Tensor):
-    """A Tensor that is a trainable parameter of a Module (requires_grad by default)."""
+    """A Tensor that is a trainable parameter of a Module (requires_grad by default).
+
+    Attributes:
+        flat_owner: the :class:`FlatParameters` whose buffers hold this parameter's
+            ``data`` and ``grad`` (None until a model's parameters are flattened), so an
+            optimizer can update them all in one pass.
+    """
 
     def __init__(self, data: Any, requires_grad: bool = True) -> None:
         super().__init__(data, requires_grad=requires_grad)
+        self.flat_owner: FlatParameters | None = None
 
 
 class GradientMemory(Protocol):
@@ -71,7 +78,7 @@ class FlatParameters:
             shape = p.data.shape
             p.data = self.data[sl].reshape(shape)
             p.grad = self.grad[sl].reshape(shape)
-            p._flat_owner = self
+            p.flat_owner = self
         self._views = [(p.data, p.grad) for p in self.params]
 
     @property

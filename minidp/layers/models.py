@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from minidp import ops
+from minidp.autograd import ops
 from minidp.layers.basic import (
     AvgPool2d,
     BatchNorm2d,

@@ -2,15 +2,18 @@
 
 from minidp.optim.optimizer import Optimizer
 from minidp.optim.schedules import (
-           ConstantLR,
-           CosineLR,
-           LRScheduler,
-           PolynomialLR,
-           Schedule,
-           StepLR,
-           WarmupLR,
+    SCHEDULES,
+    ConstantLR,
+    CosineLR,
+    LRScheduler,
+    PolynomialLR,
+    Schedule,
+    StepLR,
+    WarmupLR,
+    make_schedule,
 )
-from minidp.optim.sgd import LARS, SGD, trust_ratio
+from minidp.optim.sgd import LARS, OPTIMIZERS, SGD, make_optimizer, trust_ratio
 
-__all__ = ["ConstantLR", "CosineLR", "LARS", "LRScheduler", "Optimizer", "PolynomialLR",
-           "SGD", "Schedule", "StepLR", "WarmupLR", "trust_ratio"]
+__all__ = ["OPTIMIZERS", "SCHEDULES", "ConstantLR", "CosineLR", "LARS", "LRScheduler",
+           "Optimizer", "PolynomialLR", "SGD", "Schedule", "StepLR", "WarmupLR",
+           "make_optimizer", "make_schedule", "trust_ratio"]

@@ -53,7 +53,7 @@ class Optimizer(abc.ABC):
                             for a, b, p in zip(bounds[:-1], bounds[1:], self.params)]
 
     def _find_flat(self) -> FlatParameters | None:
-        flat = getattr(self.params[0], "_flat_owner", None)
+        flat = self.params[0].flat_owner
         return flat if flat is not None and flat.intact(self.params) else None
 
     def step(self) -> None:

@@ -102,3 +102,19 @@ class LRScheduler:
         self.last_step += 1
         self.optimizer.lr = self.schedule(self.last_step)
         return self.optimizer.lr
+
+
+SCHEDULES = ("constant", "cosine", "step", "poly")
+
+
+def make_schedule(kind: str, lr: float, total_steps: int, warmup_steps: int = 0) -> Schedule:
+    """The schedule ``kind`` (:data:`SCHEDULES`) over ``total_steps``, after a linear warm-up.
+
+    ``step`` divides the rate by 10 at each third of the run; ``poly`` is LARS's power 2.
+    """
+    schedule = {"constant": lambda: Schedule(lr),
+                "cosine": lambda: CosineLR(lr, total_steps),
+                "step": lambda: StepLR(lr, max(1, total_steps // 3)),
+                "poly": lambda: PolynomialLR(lr, total_steps)}[kind]()
+    return WarmupLR(schedule, warmup_steps) if warmup_steps else schedule
+

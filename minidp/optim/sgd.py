@@ -107,3 +107,17 @@ class LARS(Optimizer):
             scaled = ratio * (p.grad + self.weight_decay * p.data)
             sgd_update(p.data, scaled, buf, self.lr, self.momentum, 0.0, False)
             self.last_ratios.append(ratio)
+
+
+OPTIMIZERS = ("sgd", "lars")
+
+
+def make_optimizer(kind: str, params: Iterable[Parameter], lr: float, momentum: float = 0.0,
+                   nesterov: bool = False, weight_decay: float = 0.0,
+                   trust_coefficient: float = 0.001) -> SGD | LARS:
+    """The local optimizer ``kind`` (:data:`OPTIMIZERS`); LARS has no Nesterov form."""
+    if kind == "lars":
+        return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                    trust_coefficient=trust_coefficient)
+    return SGD(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+

@@ -97,7 +97,7 @@ class Strategy(abc.ABC):
     # Set by gradients_in_shared_memory(): the memory the gradients live in, which the
     # strategy hands to the reductions (zero-copy in the node).
     grad_buffer: NodeBuffer
-    # Whether a run may stop between any two batches (a signal, minidp.stopping): only
+    # Whether a run may stop between any two batches (a signal, minidp.run.stopping): only
     # where all ranks step together and the state after each step is whole; others stop
     # at the next epoch's end.
     stops_between_batches: ClassVar[bool] = False
@@ -193,6 +193,14 @@ class Strategy(abc.ABC):
     def begin_epoch(self, epoch: int, batches: int) -> None:
         """Called before the first batch of ``epoch`` (0-based) of ``batches`` batches."""
         self.epoch, self.batches, self.taken = epoch, batches, 0
+
+    def resume_at(self, batch: int) -> None:
+        """The epoch just begun continues after ``batch`` batches done before a stop.
+
+        Only strategies that stop between batches (:attr:`stops_between_batches`) are
+        resumed inside an epoch.
+        """
+        self.taken = batch
 
     @abc.abstractmethod
     def step(self, batch: int) -> None:

@@ -22,7 +22,7 @@ from minidp.comm import (
     rail_allreduce,
     rail_iallreduce,
 )
-from minidp.comm.allreduce import AllreduceRequest, chunk_bounds
+from minidp.comm.allreducers import AllreduceRequest, chunk_bounds
 from minidp.comm.wire import KINDS, HalfSum, decode, encode, round_to
 from minidp.optim.schedules import Schedule
 from minidp.strategies.base import Option, Strategy

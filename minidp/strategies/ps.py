@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from minidp.comm import broadcast, p2p
-from minidp.comm.allreduce import chunk_bounds
+from minidp.comm.allreducers import chunk_bounds
 from minidp.kernels import sgd_update
 from minidp.optim import SGD
 from minidp.strategies.base import Option, Strategy

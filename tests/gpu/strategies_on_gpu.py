@@ -12,8 +12,8 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp import backend
-from minidp.config import TrainConfig
-from minidp.train import Trainer
+from minidp.run.config import TrainConfig
+from minidp.run.trainer import Trainer
 
 STRATEGIES = ["sync", "hsgd", "hbsgd", "daso", "easgd-sync", "asgd", "amsgd", "softsync",
               "dbs", "easgd-rr", "easgd-async", "measgd-async"]

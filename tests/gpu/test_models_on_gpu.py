@@ -11,7 +11,7 @@ import pytest
 from minidp import Tensor, backend, layers
 from minidp import functional as F
 from minidp.optim import LARS, SGD
-from minidp.replica import DeviceReplica
+from minidp.run.replica import DeviceReplica
 
 pytestmark = pytest.mark.gpu
 

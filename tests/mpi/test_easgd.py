@@ -1,4 +1,4 @@
-"""SPMD, float64: the elastic-averaging family against exact checks (ALGORITHMS.md s.7)."""
+"""SPMD, float64: the elastic-averaging family against exact checks (docs/easgd.md)."""
 
 import os
 import re

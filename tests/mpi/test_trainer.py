@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from minidp.config import TrainConfig
 from minidp.io.datasets import synthetic
 from minidp.io.mdp import write_mdp
-from minidp.train import Trainer
+from minidp.run.config import TrainConfig
+from minidp.run.trainer import Trainer
 
 world = MPI.COMM_WORLD
 

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from minidp.config import TrainConfig, build_parser, from_args
+from minidp.run.config import TrainConfig
+from minidp.run.flags import build_parser, from_args
 
 
 def parse(argv):

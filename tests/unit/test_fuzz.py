@@ -26,10 +26,12 @@ from hypothesis import strategies as st
 from test_datasets import cifar_batch, py2_pickle
 
 from minidp import strategies
-from minidp.config import FIELDS, UsageError, from_args, parse_set
 from minidp.io import mdp
 from minidp.io.cifar import load_cifar_batch
 from minidp.io.idx import read_idx, write_idx
+from minidp.run.config import FIELDS
+from minidp.run.errors import UsageError
+from minidp.run.flags import from_args, parse_set
 
 settings.register_profile("quick", max_examples=100, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,4 @@
-"""Every blocking MPI call goes through minidp.comm.guard (DESIGN.md section 8).
+"""Every blocking MPI call goes through minidp.comm.guard (docs/design.md, "Rules").
 
 The package's source is parsed with ``ast``; a call written ``X.Name(...)``, where
 ``Name`` is an MPI operation that can wait for another rank, is an error outside

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from minidp import Tensor, ops
+from minidp import Tensor
 from minidp import functional as F
-from minidp.ops import rowtap, winograd
-from minidp.testing import GradcheckError, gradcheck
+from minidp.autograd import ops
+from minidp.autograd.gradcheck import GradcheckError, gradcheck
+from minidp.autograd.ops import rowtap, winograd
 
 
 def t(shape, seed=0, positive=False, grad=True):
@@ -199,7 +200,7 @@ def test_dropout_gradient_uses_the_same_mask():
 
 
 def test_gradcheck_catches_a_wrong_gradient():
-    from minidp.function import Function
+    from minidp.autograd.function import Function
 
     class WrongSquare(Function):
         def forward(self, a):

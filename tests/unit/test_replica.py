@@ -10,7 +10,7 @@ import pytest
 from minidp import Tensor, backend, layers
 from minidp import functional as F
 from minidp.backend import Staging
-from minidp.replica import DeviceReplica, HostCompute
+from minidp.run.replica import DeviceReplica, HostCompute
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

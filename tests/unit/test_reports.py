@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from minidp import reports
+from minidp.reporting import report
+from minidp.reporting.runs import label_runs, load_run
 
 pytest.importorskip("matplotlib")
 
@@ -42,7 +43,7 @@ def make_run(path, strategy, epochs, options=None, finished=True, slowdown=None,
 
 def args_for(runs, out):
     parser = argparse.ArgumentParser()
-    reports.add_arguments(parser)
+    report.add_arguments(parser)
     return parser.parse_args([*runs, "--out", str(out)])
 
 
@@ -51,20 +52,20 @@ def test_runs_are_named_by_strategy_non_default_options_and_differing_settings(t
     daso = make_run(tmp_path / "b", "daso", [0.55, 0.65],
                     options={"warmup_epochs": 1, "max_global_skips": 8})  # 8 is the default
     slow = make_run(tmp_path / "c", "sync", [0.4, 0.5], slowdown="3:3")
-    runs = [reports.load_run(p) for p in (sync, daso, slow)]
-    reports.label_runs(runs)
+    runs = [load_run(p) for p in (sync, daso, slow)]
+    label_runs(runs)
     assert [r.label for r in runs] == ["sync", "daso (warmup_epochs=1)",
                                        "sync (slowdown 3:3)"]
 
 
 def test_repeated_runs_are_numbered(tmp_path):
-    runs = [reports.load_run(make_run(tmp_path / n, "sync", [0.5])) for n in "ab"]
-    reports.label_runs(runs)
+    runs = [load_run(make_run(tmp_path / n, "sync", [0.5])) for n in "ab"]
+    label_runs(runs)
     assert [r.label for r in runs] == ["sync", "sync #2"]
 
 
 def test_rank_phases_sum_the_trace_per_rank(tmp_path):
-    run = reports.load_run(make_run(tmp_path / "a", "sync", [0.5]))
+    run = load_run(make_run(tmp_path / "a", "sync", [0.5]))
     assert run.rank_phases[0]["backward"] == pytest.approx(2.0)
     assert run.rank_phases[1]["backward"] == pytest.approx(4.0)
 
@@ -74,7 +75,7 @@ def test_report_writes_the_table_the_plots_and_every_epoch(tmp_path):
     asgd = make_run(tmp_path / "b", "asgd", [0.45, 0.7], finished=False,
                     stats={"staleness_histogram": [1, 5, 2] + [0] * 30})
     out = tmp_path / "report"
-    assert reports.run(args_for([sync, asgd], out)) == 0
+    assert report.run(args_for([sync, asgd], out)) == 0
     text = (out / "report.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| sync |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -91,6 +92,6 @@ def test_report_writes_the_table_the_plots_and_every_epoch(tmp_path):
 
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path):
     with pytest.raises(ValueError, match="RUN_DIR: .* has no run.json and metrics.jsonl"):
-        reports.load_run(str(tmp_path))
+        load_run(str(tmp_path))
     with pytest.raises(ValueError, match="RUN_DIR: got .*nowhere"):
-        reports.load_run(str(tmp_path / "nowhere"))
+        load_run(str(tmp_path / "nowhere"))

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from minidp import checkpoint, rundir
 from minidp.comm import Topology
-from minidp.config import TrainConfig, UsageError
+from minidp.run import checkpoint, rundir
+from minidp.run.config import TrainConfig
+from minidp.run.errors import UsageError
 
 WORLD = MPI.COMM_WORLD
 

@@ -1,0 +1,76 @@
+"""Matrix products: ``matmul`` (batched, broadcasting) and the fused ``linear`` layer op.
+
+``linear(x, W, b) = x @ W.T + b`` with PyTorch's weight layout ``(out, in)``. It is
+one Function rather than three, so backward makes exactly the three BLAS calls it
+needs (dx = g @ W, dW = g.T @ x, db = sum(g)) and skips dx when x needs no gradient
+(the input batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minidp.autograd.function import Function, unbroadcast
+
+
+def _check_matmul(a: Any, b: Any) -> None:
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: both operands need at least 1 dim, got shapes "
+                         f"{a.shape} and {b.shape}")
+    k_a = a.shape[-1]
+    k_b = b.shape[-2] if b.ndim > 1 else b.shape[0]
+    if k_a != k_b:
+        raise ValueError(
+            f"matmul: shapes {a.shape} and {b.shape} do not align: the last dim of the "
+            f"first ({k_a}) must equal the {'second-to-last' if b.ndim > 1 else 'only'} "
+            f"dim of the second ({k_b})")
+
+
+class Matmul(Function):
+    """a @ b for 1-D and N-D operands, batch dims broadcast as in NumPy."""
+
+    def forward(self, a: Any, b: Any) -> Any:
+        _check_matmul(a, b)
+        self.a, self.b = a, b
+        return a @ b
+
+    def backward(self, g: Any) -> tuple:
+        # Promote vectors to matrices so one formula covers every case.
+        a = self.a[None, :] if self.a.ndim == 1 else self.a
+        b = self.b[:, None] if self.b.ndim == 1 else self.b
+        if self.a.ndim == 1:
+            g = g[..., None, :] if self.b.ndim > 1 else g[..., None]
+        if self.b.ndim == 1:
+            g = g[..., None]
+        ga = gb = None
+        if self.wants(0):
+            ga = unbroadcast(g @ b.swapaxes(-1, -2), a.shape).reshape(self.a.shape)
+        if self.wants(1):
+            gb = unbroadcast(a.swapaxes(-1, -2) @ g, b.shape).reshape(self.b.shape)
+        return ga, gb
+
+
+class Linear(Function):
+    """x @ W.T + b over the last axis of x (leading axes are batch axes)."""
+
+    def forward(self, x: Any, w: Any, b: Any = None) -> Any:
+        if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
+            raise ValueError(
+                f"linear: input of shape {x.shape} does not fit weight of shape {w.shape}: "
+                f"the input's last dim must be in_features = {w.shape[1] if w.ndim == 2 else '?'}")
+        if b is not None and b.shape != (w.shape[0],):
+            raise ValueError(f"linear: bias shape {b.shape} must be ({w.shape[0]},)")
+        self.x_shape = x.shape
+        self.x2 = x.reshape(-1, x.shape[-1])  # (M, in)
+        self.w = w
+        out = self.x2 @ w.T
+        if b is not None:
+            out += b
+        return out.reshape(x.shape[:-1] + (w.shape[0],))
+
+    def backward(self, g: Any) -> tuple:
+        g2 = g.reshape(-1, g.shape[-1])  # (M, out)
+        gx = (g2 @ self.w).reshape(self.x_shape) if self.wants(0) else None
+        gw = g2.T @ self.x2 if self.wants(1) else None
+        gb = g2.sum(axis=0) if self.wants(2) else None
+        return gx, gw, gb

@@ -1,0 +1,141 @@
+"""3x3 convolutions with stride 1 and padding 1 by Winograd F(2x2, 3x3), chunk by chunk.
+
+ResNet-20 and the CIFAR CNN spend most of a training step in such convolutions. The
+transforms of :mod:`minidp.kernels.winograd` turn each one into 16 GEMMs of
+(F, C) @ (C, tiles), 2.25 times fewer multiply-adds than im2col + GEMM, and the
+transformed tiles of a chunk of samples (:func:`minidp.autograd.ops.conv.chunks`) stay in
+cache between the transform and the GEMM::
+
+    U = G w G^T                               (16, F, C), once per call
+    per chunk:  V = B^T x B   M = U @ V   out = A^T M A       (V kept for backward)
+
+    backward, per chunk:
+    dM = A g A^T;   dx = B (U^T @ dM) B^T;   dU += V @ dM^T
+    dw = G^T dU G
+
+NumPy's stacked ``matmul`` runs the 16 products of a chunk in one call. Off the
+kernels (CuPy, ``NUMBA_DISABLE_JIT=1``) the transforms are NumPy/CuPy einsums over
+the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minidp.backend import array_module
+from minidp.kernels.jit import use_kernels
+from minidp.kernels.winograd import (
+    G,
+    input_grad,
+    input_transform,
+    output_grad,
+    output_transform,
+    plane_buffer,
+    planes,
+    tiles,
+)
+
+# Below this many input channels im2col + GEMM is faster (measured on ResNet-20's
+# stages, 16 and 32 channels): the transforms cost about as much per channel as the
+# (F, C) @ (C, tiles) products, which BLAS runs slowly when C and F are small.
+MIN_CHANNELS = 32
+
+
+def applies(x_shape: tuple, w_shape: tuple, stride: int, padding: int) -> bool:
+    """Whether the convolution is one that this module computes."""
+    return (w_shape[2:] == (3, 3) and stride == 1 and padding == 1
+            and x_shape[1] >= MIN_CHANNELS)
+
+
+def bytes_per_sample(x_shape: tuple, w_shape: tuple, itemsize: int) -> int:
+    """Transformed tiles (input and output planes) of one sample, in bytes."""
+    th, tw = tiles(*x_shape[2:])
+    return 16 * (x_shape[1] + w_shape[0]) * th * tw * itemsize
+
+
+def _buffer(a: Any, channels: int, bounds: list, per_sample: int) -> Any:
+    """One plane buffer that every chunk of the batch reuses (None off the kernels)."""
+    if not use_kernels(a):
+        return None
+    return plane_buffer(channels, (bounds[0][1] - bounds[0][0]) * per_sample, a.dtype)
+
+
+def _weight_transform(w: Any) -> Any:
+    """U = G w G^T for every (f, c): (16, F, C), as two plain GEMMs."""
+    xp = array_module(w)
+    g = xp.asarray(G, dtype=w.dtype)
+    f, c = w.shape[:2]
+    right = (w.reshape(f * c * 3, 3) @ g.T).reshape(f * c, 3, 4)  # w G^T
+    u = right.transpose(0, 2, 1).reshape(f * c * 4, 3) @ g.T  # (G w G^T)^T per (f, c)
+    return xp.ascontiguousarray(u.reshape(f, c, 4, 4).transpose(3, 2, 0, 1)).reshape(16, f, c)
+
+
+def _weight_grad(du: Any) -> Any:
+    """The weight gradient G^T dU G of dU (16, C, F): (F, C, 3, 3), as two plain GEMMs."""
+    xp = array_module(du)
+    g = xp.asarray(G, dtype=du.dtype)
+    _, c, f = du.shape
+    d = xp.ascontiguousarray(du.reshape(4, 4, c, f).transpose(3, 2, 0, 1))  # (F, C, 4, 4)
+    right = (d.reshape(f * c * 4, 4) @ g).reshape(f * c, 4, 3)  # dU G
+    dw = right.transpose(0, 2, 1).reshape(f * c * 3, 4) @ g  # (G^T dU G)^T per (f, c)
+    return xp.ascontiguousarray(dw.reshape(f, c, 3, 3).transpose(0, 1, 3, 2))
+
+
+def _product(a: Any, v: Any, v_channels: int, out_channels: int, count: int,
+             buffer: Any) -> Any:
+    """The 16 products a[p] @ V[p] as a plane buffer: ``buffer`` if given, else a new one.
+
+    Off the kernels ``buffer`` is None and the result is a plain contiguous array, so
+    that no result is ever written through a view (CuPy may copy on reshape).
+    """
+    xp = array_module(a)
+    if buffer is None:
+        return xp.matmul(a, planes(v, v_channels, count)).reshape(16, -1)
+    xp.matmul(a, planes(v, v_channels, count), out=planes(buffer, out_channels, count))
+    return buffer
+
+
+def forward(x: Any, w: Any, bounds: list) -> tuple:
+    """The convolution of x (N, C, H, W) with w (F, C, 3, 3), padding 1: (N, F, H, W).
+
+    Returns the output and the transformed input of every chunk, which the weight
+    gradient needs again (4 times x's size; keeping it costs less than recomputing).
+    """
+    xp = array_module(x, w)
+    n, c, h, wd = x.shape
+    f = w.shape[0]
+    th, tw = tiles(h, wd)
+    u = _weight_transform(w)
+    out = xp.empty((n, f, h, wd), dtype=x.dtype)
+    m_buffer = _buffer(x, f, bounds, th * tw)
+    inputs = []
+    for lo, hi in bounds:
+        v = input_transform(x[lo:hi])  # (16, C, T) planes
+        output_transform(_product(u, v, c, f, (hi - lo) * th * tw, m_buffer), out[lo:hi])
+        inputs.append(v)
+    return out, inputs
+
+
+def backward(g: Any, x: Any, w: Any, bounds: list, inputs: list, want_x: bool,
+             want_w: bool) -> tuple:
+    """Gradients (dx, dw) of :func:`forward` for the output gradient g; None where unwanted.
+
+    ``inputs`` are the transformed input chunks that :func:`forward` returned.
+    """
+    xp = array_module(g)
+    _, c, h, wd = x.shape
+    f = w.shape[0]
+    th, tw = tiles(h, wd)
+    ut = _weight_transform(w).transpose(0, 2, 1)  # (16, C, F)
+    gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
+    dm_buffer, dv_buffer = _buffer(g, f, bounds, th * tw), _buffer(g, c, bounds, th * tw)
+    du = None
+    for (lo, hi), v in zip(bounds, inputs):
+        count = (hi - lo) * th * tw
+        dm = output_grad(g[lo:hi], out=dm_buffer)
+        if want_x:
+            input_grad(_product(ut, dm, f, c, count, dv_buffer), gx[lo:hi])
+        if want_w:
+            part = xp.matmul(planes(v, c, count), planes(dm, f, count).transpose(0, 2, 1))
+            du = part if du is None else du + part  # (16, C, F): small
+    return gx, _weight_grad(du) if want_w else None

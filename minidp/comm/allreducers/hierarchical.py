@@ -1,0 +1,152 @@
+"""``hierarchical``: every local rank reduces one slice in shared memory; the rails go across.
+
+The node level (:class:`NodeSlices`) is also ``node_allreduce`` on its own, and the rail
+level (:class:`RailAllreduce`) is ``rail_allreduce`` / ``rail_iallreduce``
+(:mod:`minidp.comm.levels`): one code for the whole and for each level.
+
+Zero-copy when the buffer is a :class:`~minidp.comm.shared.NodeBuffer`: the node's
+segments are summed where they lie. A plain array is copied into the workspace's
+scratch window first and the result copied back out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from mpi4py import MPI
+
+from minidp.comm.allreducers.base import (
+    AllreduceRequest,
+    Buffer,
+    Waiting,
+    as_array,
+    chunk_bounds,
+    node_bytes,
+    node_window,
+)
+from minidp.comm.network import charged, ring_traffic
+from minidp.comm.topology import Topology
+
+# Elements per block of the slice reduction: a block of every row stays in L2 while
+# it is summed and copied back, so the window is streamed through memory once.
+_BLOCK = 1 << 15
+
+
+class NodeSlices:
+    """The node level: local rank k sums slice k of the node's segments into segment 0.
+
+    Creating it puts the buffer in the node's window (its own, for a NodeBuffer; else
+    copied into the scratch window).
+
+    Args:
+        buffer: this rank's buffer.
+        topology: whose node reduces it.
+    """
+
+    def __init__(self, buffer: Buffer, topology: Topology) -> None:
+        self.array = as_array(buffer)
+        self.shared, self.zero_copy = node_window(buffer, topology)
+        b = chunk_bounds(self.array.size, topology.local_size)
+        self.mine = slice(b[topology.local_rank], b[topology.local_rank + 1])
+
+    def sum_slice(self, broadcast: bool) -> np.ndarray:
+        """Sync, then sum this rank's slice over the segments into row 0; returns that part.
+
+        With ``broadcast`` (nothing left to do across nodes) each block of the sum is also
+        copied into the other rows while it is in cache.
+        """
+        self.shared.sync()
+        whole, mine = self.shared.whole, self.mine
+        for start in range(mine.start, mine.stop, _BLOCK):
+            block = slice(start, min(start + _BLOCK, mine.stop))
+            acc = whole[0, block]
+            for row in whole[1:, block]:
+                acc += row
+            if broadcast:
+                for row in whole[1:, block]:
+                    row[...] = acc
+        return whole[0, mine]
+
+    def finish(self, broadcast: bool) -> None:
+        """Copy the finished slice into every row (unless done already); sync; read back."""
+        if broadcast:
+            whole = self.shared.whole
+            for row in whole[1:, self.mine]:
+                row[...] = whole[0, self.mine]
+        self.shared.sync()
+        if not self.zero_copy:
+            self.array[...] = self.shared.segment
+
+
+def rail_communication(request: AllreduceRequest, part: np.ndarray) -> Iterator[Waiting]:
+    """Sum ``part`` over this rank's rail (``cross.Iallreduce``); nothing on one node.
+
+    Charged (as a part of ``request``) as a ring over the P nodes on the part: 2(P-1)
+    messages, 2(P-1)/P of its bytes, as ``rail_allreduce`` (blocking) or
+    ``rail iallreduce`` (started).
+    """
+    topology = request.topology
+    if topology.num_nodes == 1:
+        return
+    with request.communication("inter", "rail_allreduce", "rail iallreduce",
+                               *ring_traffic(topology.num_nodes, part.nbytes)):
+        summing = topology.cross.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM)
+        yield Waiting(summing, topology.cross,
+                      "rail iallreduce" if request.started else "rail allreduce")
+
+
+class RailAllreduce(AllreduceRequest):
+    """The buffer summed over this rank's rail only (its local rank on every node).
+
+    Only the ranks of one rail take part; the other rails are free. A mean divides by
+    the number of nodes.
+    """
+
+    name = "rail"
+
+    def __init__(self, buffer: np.ndarray, topology: Topology, started: bool, op: str = "sum"
+                 ) -> None:
+        super().__init__(buffer, topology, started, op)
+        self.ranks = topology.num_nodes  # one rank per node
+
+    def communicate(self) -> Iterator[Waiting]:
+        """One ``Iallreduce`` on the rail."""
+        return rail_communication(self, self.array)
+
+
+class HierarchicalAllreduce(AllreduceRequest):
+    """Every local rank reduces one slice; the rails reduce the slices in parallel.
+
+    Pattern::
+
+        1. every rank's buffer is (or is copied into) its segment of the node window; sync
+        2. local rank k sums slice k (1/G of the buffer) over the G segments into
+           segment 0, block by block
+        3. rail k (``cross``) allreduces slice k across the nodes: G rails at once
+        4. local rank k copies slice k into every other segment (on one node, done
+           in step 2 while each block is in cache); sync; each rank has the sum
+
+    Steps 1-2 run at the start, step 3 in the background of a started form, step 4 in
+    ``wait()`` (a node-wide sync: every rank of the node calls it). Charged per phase:
+    ``node_reduce`` and ``node_broadcast`` intra (the node's bytes, no messages), the
+    rail a ring over the P nodes on the slice.
+    """
+
+    name = "hierarchical"
+    slices: NodeSlices  # this rank's part of the node level, from step 1 to step 4
+
+    def communicate(self) -> Iterator[Waiting]:
+        """Steps 1-3."""
+        across = self.topology.num_nodes > 1
+        with charged("intra", "node_reduce", 0, node_bytes(self.array, self.topology)):
+            self.slices = NodeSlices(self.buffer, self.topology)
+            part = self.slices.sum_slice(broadcast=not across)
+        if part.size:
+            yield from rail_communication(self, part)
+
+    def finish(self) -> None:
+        """Step 4."""
+        across = self.topology.num_nodes > 1
+        with charged("intra", "node_broadcast", 0, node_bytes(self.array, self.topology)):
+            self.slices.finish(broadcast=across)

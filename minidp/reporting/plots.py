@@ -1,0 +1,211 @@
+"""The report's figures: one PNG per question a reader asks of a set of runs.
+
+Every function takes the labelled runs of :mod:`minidp.reporting.runs` and returns a figure,
+or None when no run has the data (a staleness histogram needs an asynchronous run).
+Matplotlib runs on its Agg backend: no display, the same pixels on a cluster's login
+node as on a laptop. Every plot has a title, axis units and a legend naming the runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from minidp.reporting.runs import Run  # noqa: E402
+from minidp.trace import PHASES  # noqa: E402
+
+PHASE_COLOURS = dict(zip(PHASES, plt.get_cmap("tab10").colors))
+
+
+def _cumulative(values: list[float]) -> list[float]:
+    return list(itertools.accumulate(values))
+
+
+def _epochs(ax: plt.Axes) -> None:
+    """Label an axis of epochs with whole numbers only."""
+    ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def accuracy(runs: list[Run]) -> Figure:
+    """Test accuracy against training time and against epochs, every run."""
+    fig, (by_time, by_epoch) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for r in runs:
+        acc = [100 * m["test_accuracy"] for m in r.epochs]
+        by_time.plot(_cumulative([m["wall_s"] for m in r.epochs]), acc, marker="o",
+                     label=r.label)
+        by_epoch.plot([m["epoch"] for m in r.epochs], acc, marker="o", label=r.label)
+    by_time.set(title="Test accuracy against training time", xlabel="training time (s)",
+                ylabel="test accuracy (%)")
+    by_epoch.set(title="Test accuracy against epochs")
+    _epochs(by_epoch)
+    for ax in (by_time, by_epoch):
+        ax.grid(alpha=0.3)
+    by_epoch.legend(fontsize="small")
+    return fig
+
+
+def loss(runs: list[Run]) -> Figure:
+    """Training loss (solid) and test loss (dashed) per epoch."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r, colour in zip(runs, itertools.cycle(plt.get_cmap("tab10").colors)):
+        epochs = [m["epoch"] for m in r.epochs]
+        ax.plot(epochs, [m["train_loss"] for m in r.epochs], color=colour, marker="o",
+                label=f"{r.label}: train")
+        ax.plot(epochs, [m["test_loss"] for m in r.epochs], color=colour, linestyle="--",
+                label=f"{r.label}: test")
+    ax.set(title="Loss per epoch (train: mean over the epoch's batches)",
+           ylabel="cross-entropy loss")
+    _epochs(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _stacked(ax: plt.Axes, positions: list[float], totals: list[dict[str, float]]) -> None:
+    bottom = [0.0] * len(positions)
+    for phase in PHASES:
+        heights = [t.get(phase, 0.0) for t in totals]
+        ax.bar(positions, heights, bottom=bottom, color=PHASE_COLOURS[phase], label=phase)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+
+
+def phases_per_epoch(runs: list[Run]) -> Figure:
+    """Seconds per phase in every epoch, busiest rank (each phase's maximum over ranks)."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs) + 2, 4.5), sharey=True,
+                             squeeze=False)
+    for ax, r in zip(axes[0], runs):
+        _stacked(ax, [m["epoch"] for m in r.epochs], [m["phases"] for m in r.epochs])
+        ax.set(title=r.label)
+        _epochs(ax)
+    axes[0][0].set_ylabel("seconds (busiest rank per phase)")
+    axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    fig.suptitle("Time per phase per epoch (each phase's maximum over ranks, so a bar "
+                 "can exceed the epoch)")
+    return fig
+
+
+def phases_per_rank(runs: list[Run]) -> Figure | None:
+    """Seconds per phase over the whole run for every rank: the spread over ranks."""
+    traced = [r for r in runs if r.rank_phases]
+    if not traced:
+        return None
+    fig, axes = plt.subplots(1, len(traced), figsize=(4 * len(traced) + 2, 4.5),
+                             sharey=True, squeeze=False)
+    for ax, r in zip(axes[0], traced):
+        ranks = list(r.rank_phases)
+        _stacked(ax, ranks, [r.rank_phases[k] for k in ranks])
+        ax.set(title=r.label, xlabel="rank", xticks=ranks)
+    axes[0][0].set_ylabel("seconds over the run (from trace.json)")
+    axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    fig.suptitle("Time per phase per rank: where each rank spent the run")
+    return fig
+
+
+def bytes_per_level(runs: list[Run]) -> Figure | None:
+    """MiB sent inside nodes and between nodes, every finished run."""
+    done = [r for r in runs if r.summary is not None]
+    if not done:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(done) + 3), 4.5))
+    width = 0.4
+    for shift, level in ((-width / 2, "intra"), (width / 2, "inter")):
+        ax.bar([k + shift for k in range(len(done))],
+               [r.summary.get("bytes_sent", {}).get(level, 0) / 2**20 for r in done],
+               width, label=f"{level}-node")
+    ax.set_xticks(range(len(done)), [r.label for r in done], rotation=20, ha="right",
+                  fontsize="small")
+    ax.set(title="Bytes sent per level over the run (all ranks)", ylabel="MiB")
+    ax.legend()
+    return fig
+
+
+def staleness(runs: list[Run]) -> Figure | None:
+    """Histogram of gradient staleness over the run (parameter-server strategies)."""
+    stale = [(r, [h for h in r.strategy_stats("staleness_histogram") if h]) for r in runs]
+    stale = [(r, hs) for r, hs in stale if hs]
+    if not stale:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(stale)
+    for k, (r, histograms) in enumerate(stale):
+        counts = [sum(col) for col in zip(*histograms)]
+        ax.bar([b + k * width for b in range(len(counts))], counts, width, label=r.label)
+    ax.set(title="Staleness of applied gradients (last bin: 32 or more)",
+           xlabel="staleness (server updates between pull and apply)",
+           ylabel="gradients", yscale="log")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def daso_schedule(runs: list[Run]) -> Figure | None:
+    """DASO's (B, S, L) per epoch: batches between global syncs, skipped, local skips."""
+    daso = [r for r in runs if any(s is not None for s in r.strategy_stats("global_skip"))]
+    if not daso:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in daso:
+        epochs = [m["epoch"] for m in r.epochs]
+        for key, symbol, style in (("global_skip", "B", "-"), ("batches_to_wait", "S", "--"),
+                                   ("local_skip", "L", ":")):
+            ax.step(epochs, r.strategy_stats(key), where="mid", linestyle=style,
+                    marker="o", label=f"{r.label}: {symbol}")
+    ax.set(title="DASO's schedule per epoch (0, 0, 0: blocking every batch)",
+           ylabel="batches")
+    _epochs(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def batch_sizes(runs: list[Run]) -> Figure | None:
+    """dbs: each worker's mean batch per epoch."""
+    dbs = [r for r in runs if any(r.strategy_stats("batch_sizes"))]
+    if not dbs:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in dbs:
+        means = r.strategy_stats("worker_mean_batch")
+        epochs = [m["epoch"] for m in r.epochs]
+        for worker in sorted(means[0], key=int):
+            ax.plot(epochs, [m[worker] for m in means], marker="o",
+                    label=f"{r.label}: rank {worker}")
+    ax.set(title="Per-worker batch size (mean over each epoch's pushes)",
+           ylabel="samples per gradient")
+    _epochs(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+FIGURES: list[tuple[str, str, Callable[[list[Run]], Figure | None]]] = [
+    ("Test accuracy", "accuracy.png", accuracy),
+    ("Loss", "loss.png", loss),
+    ("Time per phase per epoch", "phases.png", phases_per_epoch),
+    ("Time per phase per rank", "ranks.png", phases_per_rank),
+    ("Bytes per level", "bytes.png", bytes_per_level),
+    ("Staleness", "staleness.png", staleness),
+    ("DASO schedule", "daso.png", daso_schedule),
+    ("Per-worker batch sizes", "batch_sizes.png", batch_sizes),
+]
+
+
+def plot_all(runs: list[Run], out: str) -> list[tuple[str, str]]:
+    """Write every figure that has data into ``out``; (title, file name) of each."""
+    written = []
+    for title, name, make in FIGURES:
+        fig = make([r for r in runs if r.epochs])
+        if fig is None:
+            continue
+        fig.savefig(os.path.join(out, name), dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        written.append((title, name))
+    return written

@@ -1,0 +1,104 @@
+"""``python -m minidp report``: one run or several side by side, as report.md and PNG plots.
+
+The runs are read by :mod:`minidp.reporting.runs`; ``report.md`` holds a table of the
+runs, the plots of :mod:`minidp.reporting.plots`, and every run's epochs. A run that is
+still going (or was stopped) has no ``summary.json``; its finished epochs are reported
+and the table says it is unfinished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from minidp.io.atomic import atomic_write
+from minidp.reporting.runs import Run, common_settings, label_runs, load_run
+from minidp.trace import PHASES
+
+
+def _mib(summary: dict[str, Any] | None, level: str) -> str:
+    if summary is None:
+        return "-"
+    return f"{summary.get('bytes_sent', {}).get(level, 0) / 2**20:,.0f}"
+
+
+def runs_table(runs: list[Run], paths: bool = True) -> list[str]:
+    """Markdown rows: one per run, with the figures a comparison starts from."""
+    head = ["run", "ranks", "epochs", "final test acc", "best", "training s", "s / epoch",
+            "comm share", "MiB intra", "MiB inter"] + (["directory"] if paths else [])
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        ranks = r.summary["world_size"] if r.summary else "-"
+        cells = [r.label, ranks, f"{len(r.epochs)}" + ("" if r.summary else " (unfinished)")]
+        if r.epochs:
+            accs = [m["test_accuracy"] for m in r.epochs]
+            wall = sum(m["wall_s"] for m in r.epochs)
+            comm = sum(m.get("comm_s", 0.0) for m in r.epochs)
+            cells += [f"{accs[-1]:.2%}", f"{max(accs):.2%}", f"{r.wall_s:.1f}",
+                      f"{wall / len(r.epochs):.2f}", f"{comm / max(wall, 1e-9):.0%}",
+                      _mib(r.summary, "intra"), _mib(r.summary, "inter")]
+        else:
+            cells += ["-"] * 7
+        rows.append("| " + " | ".join(str(c) for c in cells + ([f"`{r.path}`"] if paths
+                                                                 else [])) + " |")
+    return rows
+
+
+def epochs_table(run: Run) -> list[str]:
+    """Markdown rows: every epoch of one run, with its phases (busiest rank)."""
+    rows = ["| epoch | train loss | test loss | test acc | wall s | " +
+            " | ".join(PHASES) + " |", "|" + "---|" * (5 + len(PHASES))]
+    for m in run.epochs:
+        phases = " | ".join(f"{m['phases'].get(p, 0.0):.2f}" for p in PHASES)
+        rows.append(f"| {m['epoch']} | {m['train_loss']:.4f} | {m['test_loss']:.4f} | "
+                    f"{m['test_accuracy']:.2%} | {m['wall_s']:.2f} | {phases} |")
+    return rows
+
+
+def write_report(runs: list[Run], out: str) -> str:
+    """Write ``out/report.md`` and the plots; the report's path."""
+    from minidp.reporting import plots  # matplotlib is imported only when a report is made
+
+    os.makedirs(out, exist_ok=True)
+    images = plots.plot_all(runs, out)
+    lines = ["# minidp report", "",
+             f"{len(runs)} run(s); shared settings: {common_settings(runs)}.", "",
+             "Phases are seconds per epoch on the busiest rank (each phase's maximum over "
+             "ranks); the comm share is communication and waiting (comm_intra, comm_inter, "
+             "wait) over the epoch's wall time.", "", *runs_table(runs), ""]
+    for title, name in images:
+        lines += [f"## {title}", "", f"![{title}]({name})", ""]
+    for r in runs:
+        lines += [f"## Epochs: {r.label}", "", *epochs_table(r), ""]
+    path = os.path.join(out, "report.md")
+    atomic_write(path, lambda f: f.write("\n".join(lines)))
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``report`` subcommand's arguments."""
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="where report.md and the PNG plots go")
+    parser.set_defaults(run=run)
+
+
+def check_plotting() -> None:
+    """A clear error when matplotlib (the optional ``report`` extra) is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("report: matplotlib is not installed, allowed: install the "
+                         "'report' extra (pip install -e '.[report]'; `make venv` does)") \
+            from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the runs, label them, write the report; 0, or 2 on a bad argument."""
+    check_plotting()
+    runs = [load_run(path) for path in args.runs]
+    label_runs(runs)
+    path = write_report(runs, args.out)
+    print(f"wrote {path} ({len(runs)} run(s))")
+    return 0

@@ -1,0 +1,192 @@
+"""The training configuration (:class:`TrainConfig`) and its checks.
+
+Every value, from whichever source (flags, a TOML file, ``--set``: :mod:`minidp.run.flags`,
+or code), goes through the same checks here, before any rank communicates: its type
+(:func:`check_type`: a bool for ``nesterov``, an int for counts, a number for rates),
+then its range (finite numbers only), with an error naming the flag (or the file and
+key), the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from minidp.comm import ALLREDUCE_ALGORITHMS
+from minidp.io.datasets import DATASETS
+from minidp.io.readers import READERS
+from minidp.layers import MODELS
+from minidp.optim import OPTIMIZERS, SCHEDULES
+from minidp.run import faults
+from minidp.strategies import names, strategy_class
+
+DTYPES = ("float32", "float64")
+RESUME = ("no", "yes", "auto")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything one training run depends on (``summary.json`` records it whole)."""
+
+    model: str = "lenet5"
+    dataset: str = "fashion-mnist"
+    strategy: str = "sync"
+    epochs: int = 5
+    batch_size: int | None = None
+    global_batch_size: int | None = None
+    lr: float = 0.05
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    optimizer: str = "sgd"
+    trust_coefficient: float = 0.001
+    schedule: str = "constant"
+    warmup_epochs: int = 0
+    seed: int = 0
+    ranks_per_node: int | None = None
+    net_latency_us: float = 0.0
+    net_bandwidth_gbps: float = 0.0
+    reader: str = "mpiio"
+    dtype: str = "float32"
+    train_samples: int | None = None
+    test_samples: int | None = None
+    allreduce: str = "mpi"
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    out: str | None = None
+    data_dir: str = "data"
+    checkpoint_every: int = 0
+    resume: str = "no"
+    overwrite: bool = False
+    stop_after: int | None = None
+    comm_timeout: float | None = None
+    progress: bool = True
+    verify: bool = True
+    slowdown: str | None = None
+    inject_fault: str | None = None
+    explain: int = 0
+
+    def slowdowns(self) -> dict[int, float]:
+        """``--slowdown "1:3,2:1.5"`` as {rank: factor}; empty when not given."""
+        found: dict[int, float] = {}
+        for item in (self.slowdown or "").split(","):
+            if not item.strip():
+                continue
+            rank, sep, factor = item.partition(":")
+            try:
+                r, f = int(rank), float(factor)
+            except ValueError:
+                r, f = -1, 0.0
+            if not sep or r < 0 or not (f >= 1 and f < float("inf")):
+                raise ValueError(f"--slowdown: got {item.strip()!r}, allowed: RANK:FACTOR "
+                                 "with RANK an int >= 0 and FACTOR a finite number >= 1, "
+                                 "comma-separated (e.g. 3:3,1:1.5)")
+            found[r] = f
+        return found
+
+    def per_worker_batch(self, workers: int) -> int:
+        """--batch-size, or --global-batch-size split evenly over the workers."""
+        if self.global_batch_size is None:
+            return 64 if self.batch_size is None else self.batch_size
+        if self.global_batch_size < workers or self.global_batch_size % workers:
+            raise ValueError(f"--global-batch-size: got {self.global_batch_size}, allowed: a "
+                             f"multiple of the {workers} workers (at least one sample each)")
+        return self.global_batch_size // workers
+
+    def check(self) -> TrainConfig:
+        """Raise ValueError/TypeError naming the first bad setting; returns self."""
+        for name in FIELDS:
+            setattr(self, name, check_type(name, getattr(self, name)))
+        choices = {"model": tuple(MODELS), "dataset": DATASETS, "optimizer": OPTIMIZERS,
+                   "schedule": SCHEDULES, "reader": READERS, "dtype": DTYPES,
+                   "allreduce": ALLREDUCE_ALGORITHMS, "strategy": tuple(names())}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"--{flag_name(name)}: got {getattr(self, name)!r}, allowed: "
+                                 f"{', '.join(allowed)}")
+        self.options = strategy_class(self.strategy).parse_options(self.options)
+        for name, value in self.options.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                allowed = strategy_class(self.strategy).options[name].allowed
+                raise ValueError(f"{self.strategy}.{name}: got {value!r}, allowed: a finite "
+                                 f"number, {allowed}")
+        _positive("epochs", self.epochs)
+        for name in ("batch_size", "global_batch_size", "train_samples", "test_samples",
+                     "ranks_per_node", "stop_after"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.batch_size is not None and self.global_batch_size is not None:
+            raise ValueError("--batch-size and --global-batch-size: give one of them, not both")
+        for name in ("checkpoint_every", "warmup_epochs", "seed", "explain"):
+            _positive(name, getattr(self, name), minimum=0)
+        for name in ("lr", "trust_coefficient"):
+            _number(name, getattr(self, name), lambda v: v > 0, "a finite number > 0")
+        _number("momentum", self.momentum, lambda v: 0 <= v < 1, "a number in [0, 1)")
+        for name in ("weight_decay", "net_latency_us", "net_bandwidth_gbps"):
+            _number(name, getattr(self, name), lambda v: v >= 0, "a finite number >= 0")
+        self.slowdowns()
+        faults.parse(self.inject_fault)
+        if self.comm_timeout is not None:
+            _number("comm_timeout", self.comm_timeout, lambda v: v > 0,
+                    "a finite number of seconds > 0")
+        if self.resume not in RESUME:
+            raise ValueError(f"--resume: got {self.resume!r}, allowed: --resume alone (continue "
+                             "the latest checkpoint), --resume auto (continue one if there is "
+                             "one, else start), or no --resume")
+        if self.overwrite and self.resume != "no":
+            raise ValueError("--overwrite and --resume: give one of them, not both (--overwrite "
+                             "clears the run that --resume would continue)")
+        if self.stop_after is not None and not self.checkpoint_every:
+            raise ValueError(f"--stop-after {self.stop_after}: allowed only with "
+                             "--checkpoint-every N (N >= 1): a stopped run continues from its "
+                             "checkpoint with --resume")
+        return self
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of the field ``name`` (``batch_size`` -> ``batch-size``)."""
+    return name.replace("_", "-")
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"--{flag_name(name)}: got {value!r}, allowed: an int >= {minimum}")
+
+
+def _number(name: str, value: Any, ok: Any, allowed: str) -> None:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or not ok(value)):
+        raise ValueError(f"--{flag_name(name)}: got {value!r}, allowed: {allowed}")
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_KINDS = {"bool": (bool, "a bool (true or false)"), "int": (int, "an int"),
+          "float": (float, "a number"), "str": (str, "a string"),
+          "dict[str, Any]": (dict, "a table of options")}
+
+
+def check_type(name: str, value: Any, where: str | None = None) -> Any:
+    """``value`` as the field ``name`` of TrainConfig holds it, or raise TypeError.
+
+    The one type check for flags, TOML values and code alike: an int where an int is
+    due (not a bool, not 2.0), a bool where a bool is due (not ``"false"``), an int or
+    float where a number is due (returned as float). Ranges, finiteness included, are
+    checked by :meth:`TrainConfig.check`.
+
+    Args:
+        name: the field.
+        value: the value, from any source.
+        where: how the error names the source (default ``--flag``).
+    """
+    kind = str(FIELDS[name].type)
+    optional = kind.endswith(" | None")
+    python_type, words = _KINDS[kind.removesuffix(" | None")]
+    if value is None and optional:
+        return None
+    if python_type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, python_type) or (python_type is int and isinstance(value, bool)):
+        raise TypeError(f"{where or '--' + flag_name(name)}: got {value!r} "
+                        f"({type(value).__name__}), allowed: {words}"
+                        + (" or unset" if optional else ""))
+    return value

@@ -1,0 +1,395 @@
+"""The Trainer: data, forward, backward, ``strategy.step()``; evaluation; the run's files.
+
+The loop is driven by data, not by a count. Per epoch, on every rank::
+
+    strategy.begin_epoch
+    worker: while n := strategy.batch_size(b): data(n) | forward | backward | strategy.step
+    server: strategy.serve()             (until every worker's epoch is over)
+    every rank: epoch timers and loss reduced -> strategy.end_epoch -> BatchNorm
+    statistics averaged over the workers -> evaluation of strategy.consensus() on the
+    test set (each rank a contiguous block, sums reduced) -> metrics.jsonl -> checkpoint
+
+On a GPU (``MINIDP_BACKEND=cupy``) forward and backward run on a replica of the model on
+the device (:mod:`minidp.run.replica`): the parameters go up before each batch, the gradients
+come down after backward, and everything else (strategy, optimizer, checkpoints) works
+on the host model as on the CPU; the copies are timed in ``data`` and ``backward``.
+
+Phases (``data, forward, backward, comm_intra, comm_inter, wait, optimizer``) are
+timed by the tracer; the communication layer reports its own. ``--slowdown RANK:F``
+makes a rank's compute F times slower (it sleeps (F-1) x its measured forward and
+backward time, inside ``backward``), so stragglers can be shown on one machine.
+Outputs (:mod:`minidp.run.files`): ``metrics.jsonl``, ``model.npz`` (the evaluated
+model), ``summary.json``, then ``trace.json`` (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from minidp import Tensor, backend, layers, no_grad, optim, strategies, threads
+from minidp import functional as F
+from minidp.comm import (
+    Communicator,
+    NetworkModel,
+    Topology,
+    allreduce,
+    broadcast_object,
+    guard,
+    mpi_library,
+    set_network_model,
+    versions,
+    world_max,
+)
+from minidp.io.training_data import open_training_data
+from minidp.optim import LRScheduler
+from minidp.run import faults, rundir
+from minidp.run import state as train_state
+from minidp.run.config import TrainConfig
+from minidp.run.console import Explainer, Progress, explain_steps
+from minidp.run.files import RunFiles
+from minidp.run.replica import replica_for
+from minidp.run.stopping import Stopped, StopSignal
+from minidp.trace import PHASES, Tracer, set_tracer
+
+COUNTERS = ("bytes_intra", "bytes_inter", "messages_intra", "messages_inter")
+
+
+class Trainer:
+    """One training run on every rank of ``comm`` (default the world).
+
+    Args:
+        config: the checked configuration (:class:`minidp.run.config.TrainConfig`).
+        comm: the communicator of the job.
+    """
+
+    def __init__(self, config: TrainConfig, comm: Communicator | None = None) -> None:
+        self.config = c = config.check()
+        if c.comm_timeout is not None:
+            guard.set_timeout(c.comm_timeout)
+        servers = strategies.strategy_class(c.strategy).servers_needed(c.options)
+        self.topology = t = Topology(comm, c.ranks_per_node, servers)
+        self.rank, self.size, self.is_worker = t.rank, t.size, t.role == "worker"
+        self.device = backend.select_device(t.host_rank)
+        set_network_model(NetworkModel(c.net_latency_us, c.net_bandwidth_gbps))
+        self.tracer = set_tracer(Tracer(self.rank))
+        explained = explain_steps(c.explain)
+        if explained:  # before the strategy exists: its first broadcast is step 0
+            self.tracer.listener = Explainer(t, explained)
+        self.batch_size = c.per_worker_batch(t.num_workers)
+        self.data = open_training_data(c.dataset, c.data_dir, c.reader, c.seed, c.train_samples,
+                                       c.test_samples, t, verify=c.verify)
+        if self.batch_size > self.data.samples_per_worker:
+            raise ValueError(f"rank {self.rank}: batch size {self.batch_size} for "
+                             f"{c.dataset!r}: allowed 1 to {self.data.samples_per_worker} "
+                             f"(samples per worker per epoch over {t.num_workers} workers)")
+        self.batches = self.data.samples_per_worker // self.batch_size
+        self.dtype = np.dtype(c.dtype)
+        self.model = self._build_model()
+        self.optimizer = optim.make_optimizer(c.optimizer, self.model.parameters(), c.lr,
+                                              c.momentum, c.nesterov, c.weight_decay,
+                                              c.trust_coefficient)
+        if explained and self.rank == 0:
+            Explainer.introduce(strategies.strategy_class(c.strategy))
+        self.strategy = strategies.get(c.strategy, self.model, self.optimizer, t,
+                                       allreduce=c.allreduce, **c.options)
+        schedule = optim.make_schedule(c.schedule, c.lr, c.epochs * self.batches,
+                                       c.warmup_epochs * self.batches)
+        self.strategy.plan(c.epochs, self.batch_size, schedule)
+        self.scheduler = LRScheduler(self.optimizer, schedule)
+        self.compute = replica_for(self.model)  # the model on this rank's GPU, if any
+        self.parts = train_state.Parts(self.model, self.strategy, self.optimizer,
+                                       self.scheduler)
+        self.progress = Progress(self.rank, t.worker_ranks[0], c.progress, c.epochs,
+                                 self.batches)
+        self.injector = faults.Injector(faults.parse(c.inject_fault), self.rank, self.size,
+                                        tuple(t.server_ranks), c.slowdowns().get(self.rank, 1.0))
+        self.record = train_state.Record()
+        self.stop = StopSignal(t.world, self.rank, self.strategy.stops_between_batches)
+
+    # -- set-up -----------------------------------------------------------------------
+
+    def _build_model(self) -> layers.Module:
+        shape, classes = self.data.header.sample_shape, self.data.header.num_classes
+        layers.manual_seed(self.config.seed)  # rank 0's draw is broadcast by the strategy
+        model = layers.model_for(self.config.model, shape, classes)
+        for _, module in model.named_modules():
+            if isinstance(module, layers.Dropout):  # independent masks on every rank
+                module.rng = np.random.default_rng([self.config.seed, self.rank])
+        return model.to("cpu").to(self.dtype)  # the host model: strategies own it
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        """Train (resuming if asked), write the outputs; returns the summary (every rank).
+
+        Raises:
+            Stopped: on every rank, after a SIGTERM or SIGUSR1 (:mod:`minidp.run.stopping`)
+                made the ranks stop and write a checkpoint.
+        """
+        c, world = self.config, self.topology.world
+        c.out, resuming = rundir.open_run(c.out, c.resume, c.overwrite, world)
+        self.files = RunFiles(c.out, self.rank)
+        start = 0
+        if resuming:
+            start, self.record = train_state.restore(c.out, self.topology, dataclasses.asdict(c),
+                                                     self.parts, self.batches)
+        rundir.write_run_json(c.out, dataclasses.asdict(c), world, self.topology.local_size,
+                              start if resuming else None)
+        if self.rank == 0:
+            partial = self.record.partial
+            after = f"epoch {start}" + (f", batch {partial['batch']}" if partial else "")
+            print(f"out: {c.out}" + (f" (resuming after {after})" if resuming else ""),
+                  flush=True)
+        self.files.start_metrics(self.record.history)
+        self.stop.install()
+        try:
+            self._epochs(start)
+        finally:
+            self.stop.uninstall()  # never collective here: a failing rank must not wait
+            self.compute.close()
+        self.stop.close()
+        return self._finish()
+
+    def _epochs(self, start: int) -> None:
+        c = self.config
+        for epoch in range(start, c.epochs):
+            metrics = self.train_epoch(epoch)
+            if metrics is None:  # all ranks stopped between batches on a signal
+                self._stopped(self._save(epoch), "between batches")
+            self.record.history.append(metrics)
+            self.files.append_metrics(metrics)
+            if self.rank == 0:
+                self.progress.epoch_done(metrics)
+            done = epoch + 1
+            signalled = metrics.pop("stop_signal") and done < c.epochs
+            stop = bool(c.stop_after) and done - start >= c.stop_after and done < c.epochs
+            if signalled or c.checkpoint_every and (done % c.checkpoint_every == 0
+                                                    or done == c.epochs or stop):
+                path = self._save(done)
+            if signalled:
+                self._stopped(path, f"at the end of epoch {done}")
+            if stop:
+                break
+
+    def _save(self, epoch: int) -> str:
+        """The checkpoint after ``epoch`` epochs (and the record's partial batches)."""
+        return train_state.save(self.config.out, epoch, self.topology,
+                                dataclasses.asdict(self.config), self.parts, self.record,
+                                after_write=lambda: self.injector.in_save(epoch))
+
+    def _stopped(self, path: str, where: str) -> None:
+        got = f"{self.stop.received} on this rank" if self.stop.received else "on another rank"
+        raise Stopped(f"rank {self.rank}: stopped on a signal ({got}) {where}; checkpoint "
+                      f"'{path}'; continue with --resume", path)
+
+    def train_epoch(self, epoch: int) -> dict[str, Any] | None:
+        """One epoch on this rank; returns the epoch's metrics (equal on every rank).
+
+        None: every rank stopped between batches on a signal (``self.record.partial``
+        holds where). The metrics' ``stop_signal`` says whether a rank has seen one.
+        """
+        tr, started = self.tracer, time.perf_counter()
+        tr.reset()
+        self.strategy.begin_epoch(epoch, self.batches)
+        self.compute.model.train()
+        self.compute.buffers_to_device()
+        if self.is_worker:
+            done = self._work(epoch)
+            self.compute.buffers_to_host()
+            if done is None:  # the run's totals go on from here when it resumes
+                self._add_totals(time.perf_counter() - started)
+                return None
+            loss_sum, steps, samples = done
+        else:
+            self.injector.at_serve(epoch + 1)
+            self.strategy.serve()
+            loss_sum, steps, samples = 0.0, 0, 0
+        self.stop.settle()
+        comm = sum(tr.seconds.get(p, 0.0) for p in ("comm_intra", "comm_inter", "wait"))
+        seconds = np.array([tr.seconds.get(p, 0.0) for p in PHASES] +
+                           [comm, time.perf_counter() - started, self.stop.flag[0]])
+        world_max(seconds, self.topology, "epoch timers")
+        signalled = bool(seconds[-1])
+        seconds = seconds[:-1]
+        loss_sum, steps, samples = self._world_sum(np.array([loss_sum, steps, samples]))
+        train_loss = float(loss_sum / max(steps, 1))
+        self.strategy.end_epoch(epoch, train_loss)
+        self._average_buffers()
+        wall = float(seconds[-1])
+        self._add_totals(wall)
+        test_loss, accuracy = self.evaluate()
+        metrics = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss,
+                   "test_accuracy": accuracy, "wall_s": wall, "samples": int(samples),
+                   "steps": int(steps), "phases": {p: float(s) for p, s in zip(PHASES, seconds)},
+                   "comm_s": float(seconds[-2])}
+        stats = broadcast_object(self.strategy.epoch_stats(), self.topology)  # rank 0's
+        if stats:
+            metrics["strategy"] = stats
+        metrics["stop_signal"] = signalled
+        return metrics
+
+    def _add_totals(self, seconds: float) -> None:
+        """Add the epoch's (or partial epoch's) byte and message counters and wall time."""
+        totals = self.record.totals
+        for key in COUNTERS:
+            totals[key] = totals.get(key, 0) + self.tracer.counters.get(key, 0)
+        totals["elapsed_s"] += seconds
+
+    def _work(self, epoch: int) -> tuple[float, int, int] | None:
+        """A worker's epoch: batches of the sizes the strategy gives, until it says stop.
+
+        Returns (loss sum, steps, samples), or None when every rank agreed to stop
+        between batches on a signal (``self.record.partial`` then says where).
+        """
+        tr, record = self.tracer, self.record
+        with tr.phase("data"):
+            batches = self.data.batches(epoch, self.batch_size, self.dtype, self.config.strategy)
+        loss_sum, steps, samples = 0.0, 0, 0
+        if record.partial:  # resumed between batches: this epoch's first batches are done
+            loss_sum, steps, samples = (record.partial[k] for k in ("loss_sum", "steps",
+                                                                    "samples"))
+            self.strategy.resume_at(steps)
+            batches.skip(steps * self.batch_size)
+            record.partial = None
+        while n := self.strategy.batch_size(self.batch_size):
+            with tr.phase("data"):
+                self.compute.begin_batch()  # the parameters go up while the batch is read
+                x, y = self.compute.inputs(*batches.take(n))
+            computed = time.perf_counter()
+            with tr.phase("forward"):
+                loss = F.cross_entropy(self.compute.model(Tensor(x)), y)
+            with tr.phase("backward"):
+                loss.backward()
+                self.compute.gradients_to_host()
+                record.totals["steps"] += 1
+                self.injector.at_step(record.totals["steps"], self.strategy.flat.grad,
+                                      time.perf_counter() - computed)
+                self._check_gradient(epoch, steps)
+            self.strategy.step(steps)
+            self.scheduler.step()
+            value = self._finite_loss(loss, epoch, steps)
+            loss_sum, steps, samples = loss_sum + value, steps + 1, samples + n
+            self.progress.step(epoch, steps, value)
+            if self.stop.between_batches and self.stop.poll():
+                record.partial = {"batch": steps, "loss_sum": loss_sum, "steps": steps,
+                                  "samples": samples}
+                return None
+        return loss_sum, steps, samples
+
+    def _world_sum(self, values: np.ndarray) -> np.ndarray:
+        return allreduce(values.astype(np.float64), self.topology, "mpi")
+
+    def _average_buffers(self) -> None:
+        """BatchNorm statistics: averaged over the workers at each epoch's end (one model)."""
+        buffers = self.strategy.float_buffers()
+        if not buffers:
+            return
+        flat = np.concatenate([b.reshape(-1) for b in buffers]).astype(np.float64)
+        if not self.is_worker:
+            flat[...] = 0  # servers hold no statistics of their own
+        flat = self._world_sum(flat) / self.topology.num_workers
+        offset = 0
+        for b in buffers:
+            b[...] = flat[offset:offset + b.size].reshape(b.shape)
+            offset += b.size
+
+    def evaluate(self) -> tuple[float, float]:
+        """(mean loss, accuracy) of the consensus model: each rank its test block, sums reduced."""
+        sums, model = np.zeros(3), self.compute.model
+        with self._consensus_parameters(), no_grad():
+            self.compute.parameters_to_device()
+            self.compute.buffers_to_device()
+            model.eval()
+            for batch in self.data.test_batches(self.dtype):
+                x, y = self.compute.inputs(*batch)
+                out = model(Tensor(x))
+                sums[0] += F.cross_entropy(out, y, reduction="sum").item()
+                sums[1] += int((out.data.argmax(axis=1) == y).sum())
+                sums[2] += len(y)
+        model.train()
+        total = self._world_sum(sums)
+        return float(total[0] / total[2]), float(total[1] / total[2])
+
+    # -- output ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _consensus_parameters(self) -> Iterator[None]:
+        """Inside: the model holds the strategy's consensus parameters; after: its own."""
+        flat = self.strategy.flat
+        own = flat.data.copy()
+        flat.data[...] = self.strategy.consensus()
+        try:
+            yield
+        finally:
+            flat.data[...] = own
+
+    def consensus_state(self) -> dict[str, np.ndarray]:
+        """The result model's state_dict (the strategy's consensus parameters)."""
+        with self._consensus_parameters():
+            return {k: np.array(v) for k, v in self.model.state_dict().items()}
+
+    def _finish(self) -> dict[str, Any]:
+        state = self.consensus_state()
+        counters = np.array([self.record.totals.get(k, 0) for k in COUNTERS], np.float64)
+        totals = self._world_sum(counters)
+        summary = self._summary(dict(zip(COUNTERS, totals.astype(int).tolist())))
+        self.files.write_results(state, summary)
+        self.files.write_trace(self.tracer.events, self.topology.world)
+        return summary
+
+    def _summary(self, totals: dict[str, int]) -> dict[str, Any]:
+        last = self.record.history[-1] if self.record.history else {}
+        return {
+            "config": dataclasses.asdict(self.config),
+            "world_size": self.size, "topology": self.topology.describe(),
+            "device": "cpu" if self.device is None else f"cuda:{self.device}",
+            "batches_per_epoch": self.batches, "batch_size_per_worker": self.batch_size,
+            "versions": dict(versions(), mpi=mpi_library()),
+            "threads_per_rank": threads.threads_per_rank(),
+            "final": {k: last.get(k) for k in ("epoch", "train_loss", "test_loss",
+                                               "test_accuracy")},
+            "bytes_sent": {"intra": totals["bytes_intra"], "inter": totals["bytes_inter"]},
+            "messages_sent": {"intra": totals["messages_intra"],
+                              "inter": totals["messages_inter"]},
+            "wall_s": self.record.totals["elapsed_s"],
+            "epochs": self.record.history,
+        }
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def _finite_loss(self, loss: Tensor, epoch: int, batch: int) -> float:
+        """The batch's loss as a number; a non-finite one ends the run (lower --lr)."""
+        value = loss.item()
+        if not np.isfinite(value):
+            raise FloatingPointError(f"rank {self.rank}: training loss is {value} at epoch "
+                                     f"{epoch + 1}, step {batch}; lower --lr")
+        return value
+
+    def _check_gradient(self, epoch: int, batch: int) -> None:
+        """Stop at a non-finite gradient, before the strategy sends or applies it.
+
+        Only the rank that computed it knows: its error ends the job (report_error aborts
+        a failure of one rank). The sum is finite in the common case and allocates
+        nothing; only a non-finite sum looks for the parameter.
+        """
+        if np.isfinite(self.strategy.flat.grad.sum()):
+            return
+        name = train_state.first_non_finite(self.model, "grad")
+        if name is not None:
+            raise FloatingPointError(
+                f"rank {self.rank}: the gradient of parameter {name!r} is not finite at step "
+                f"{self.record.totals['steps']} of the run (epoch {epoch + 1}, batch "
+                f"{batch + 1}); it was neither sent nor applied, so the last checkpoint holds "
+                "the last good state: resume from it, with a lower --lr if the gradients "
+                "diverged")
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Run ``config`` on every rank of the world; returns the summary."""
+    return Trainer(config).fit()

@@ -1,0 +1,171 @@
+"""``simulate --validate``: run each strategy for real here and hold it against the prediction.
+
+Each strategy runs as its own job, ``mpiexec -n P*G python -m mpi4py -m minidp train``
+with the simulator's flags (virtual nodes, the network model on), the ranks of virtual
+node p bound to cores of their own (``--cores-per-node`` C each, so the run is the
+simulated cluster of P nodes of C cores). Its epochs' ``wall_s`` from ``metrics.jsonl``
+are compared with the predicted epoch. The first epoch is left out when later ones of
+the same phase exist (it pays first touches of buffers and windows). DASO runs with one
+warm-up and one cool-down epoch unless ``--set`` says otherwise: its blocking epochs are
+compared with the blocking prediction, the ones between with the cycling one.
+
+Other jobs on this machine only ever add time, to the runs and to the timed step alike,
+so with ``--repeats R`` each strategy runs R times, the step is timed before each run,
+and the fastest run is compared with the prediction from the fastest step (the spread
+of the runs is shown beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import tempfile
+
+import numpy as np
+
+from minidp.comm import mpi_library
+from minidp.reporting.launcher import mpiexec, run_job
+from minidp.simulate.costs import Epoch
+from minidp.simulate.measure import build_model, measure_step, node_cores
+from minidp.simulate.predict import Setup, parse_strategies, table
+
+TIMEOUT_S = 600
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One predicted epoch against the measured epochs of the same phase."""
+
+    label: str
+    predicted: Epoch
+    step_s: float  # the one-core step the prediction used
+    measured_s: float  # the fastest run's mean epoch of this phase
+    measured_comm_share: float
+    runs_s: list[float]  # every run's mean epoch of this phase
+    epochs: list[int]  # which epochs (1-based) were measured
+    command: str
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured."""
+        return (self.predicted.seconds - self.measured_s) / self.measured_s
+
+
+def option_sets(args: argparse.Namespace, strategy: str) -> list[str]:
+    """The run's ``--set`` items for ``strategy``: the given ones, DASO's phases added."""
+    sets = [s for s in args.set if s.startswith(f"{strategy}.")]
+    if strategy == "daso":
+        for option in ("warmup_epochs", "cooldown_epochs"):
+            if not any(s.startswith(f"daso.{option}=") for s in sets):
+                sets.append(f"daso.{option}=1")
+    return sets
+
+
+def train_flags(args: argparse.Namespace, strategy: str) -> list[str]:
+    """The ``train`` flags of the run that checks ``strategy``'s prediction."""
+    flags = ["--model", args.model, "--dataset", args.dataset, "--strategy", strategy,
+             "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+             "--ranks-per-node", str(args.ranks_per_node), "--dtype", args.dtype,
+             "--net-latency-us", f"{args.net_latency_us:g}",
+             "--net-bandwidth-gbps", f"{args.net_bandwidth_gbps:g}",
+             "--test-samples", "500", "--data-dir", args.data_dir, "--no-progress"]
+    if args.samples:
+        flags += ["--train-samples", str(args.samples)]
+    if strategy == "sync":
+        flags += ["--allreduce", args.allreduce]
+    for item in option_sets(args, strategy):
+        flags += ["--set", item]
+    return flags
+
+
+def binding(cores: list[list[int]], ranks_per_node: int, library: str) -> list[str]:
+    """The mpiexec flags that bind the ranks of virtual node p to its cores (Hydra's).
+
+    Without it, the kernel moves ranks between the machine's cores: a node whose peer
+    node sleeps in the network model computes on both cores, one that shares a core
+    with its own other rank waits at every barrier, and epochs vary by a third.
+    Only MPICH's launcher (Hydra) binds a rank to a list of cores from the command line;
+    under another MPI (Open MPI's ``mpiexec`` needs a rankfile) the ranks run unbound,
+    and the measured epochs vary more.
+    """
+    if not library.startswith("MPICH"):
+        return []
+    ranks = ["+".join(map(str, node)) for node in cores for _ in range(ranks_per_node)]
+    return ["-bind-to", "user:" + ",".join(ranks)]
+
+
+def launch(ranks: int, flags: list[str], out: str, bind: list[str]) -> list[dict]:
+    """Run one training job; its metrics.jsonl rows. Raises RuntimeError if it fails."""
+    cmd = [mpiexec(), *bind, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp",
+           "train", *flags, "--out", out]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.setdefault("MPIEXEC_TIMEOUT", str(TIMEOUT_S - 30))
+    status, output = run_job(cmd, TIMEOUT_S, env)
+    if status != 0:
+        tail = "\n".join(output.strip().splitlines()[-5:])
+        raise RuntimeError(f"--validate: the run {shlex.join(cmd)} failed (exit "
+                           f"{status}):\n{tail}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _phase_epochs(epoch: Epoch, total: int, options: dict) -> list[int]:
+    """The 0-based epochs of a run that ``epoch`` predicts (the first only if alone)."""
+    if epoch.strategy != "daso":
+        chosen = list(range(total))
+    else:
+        warmup, cooldown = options["warmup_epochs"], options["cooldown_epochs"]
+        blocking = [e for e in range(total) if e < warmup or e >= total - cooldown]
+        chosen = blocking if epoch.setting.startswith("blocking") else \
+            [e for e in range(total) if e not in blocking]
+    return chosen[1:] if len(chosen) > 1 and chosen[0] == 0 else chosen
+
+
+def compare(args: argparse.Namespace, setup: Setup) -> list[Comparison]:
+    """Run each strategy ``--repeats`` times here; compare with its prediction per phase."""
+    ranks = setup.nodes[0] * args.ranks_per_node
+    bind = binding(node_cores(setup.nodes[0], args.cores_per_node), args.ranks_per_node,
+                   mpi_library())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="minidp-simulate-") as tmp:
+        for name in setup.strategies:
+            flags = train_flags(args, name)
+            steps, runs = [setup.node.step_s], []
+            for repeat in range(args.repeats):
+                if args.step_ms is None and repeat:  # setup() timed the first
+                    model = build_model(args.model, args.dataset, args.dtype)
+                    steps.append(measure_step(model, args.dataset, args.batch_size,
+                                              args.measure_steps))
+                runs.append(launch(ranks, flags, os.path.join(tmp, f"{name}-{repeat}"), bind))
+            one = dataclasses.replace(setup, strategies={name: setup.strategies[name]},
+                                      node=dataclasses.replace(setup.node, step_s=min(steps)))
+            command = shlex.join(["mpiexec", *bind, "-n", str(ranks), "python", "-m", "mpi4py",
+                                  "-m", "minidp", "train", *flags])
+            phases = parse_strategies(name, option_sets(args, name))[name]
+            for epoch in one.predict(setup.nodes[0], args):
+                chosen = _phase_epochs(epoch, len(runs[0]), phases)
+                if not chosen:  # e.g. DASO's cycling phase in a run of too few epochs
+                    continue
+                walls = [float(np.mean([m[e]["wall_s"] for e in chosen])) for m in runs]
+                best = runs[int(np.argmin(walls))]
+                share = np.mean([best[e]["comm_s"] / best[e]["wall_s"] for e in chosen])
+                rows.append(Comparison(epoch.label, epoch, min(steps), min(walls), float(share),
+                                       walls, [e + 1 for e in chosen], command))
+    return rows
+
+
+def comparison_table(rows: list[Comparison]) -> str:
+    """Predicted against measured, one row per phase, then the commands that measured."""
+    body = [[r.label, ",".join(map(str, r.epochs)), f"{r.step_s * 1e3:.2f}",
+             f"{r.predicted.seconds:.2f}", f"{r.measured_s:.2f}",
+             f"{min(r.runs_s):.2f}-{max(r.runs_s):.2f}", f"{r.error:+.0%}",
+             f"{r.predicted.comm_share:.0%}", f"{r.measured_comm_share:.0%}"] for r in rows]
+    lines = [table(["strategy", "epochs", "step ms", "predicted s", "measured s", "runs s",
+                    "error", "predicted comm %", "measured comm %"], body), "",
+             "measured by:"]
+    lines += sorted({f"  {r.command}" for r in rows})
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""The package's layout: the modules at minidp's root, import circles, and layers.
+
+The source is parsed with ``ast`` (as the guard scan does), so the check sees imports
+inside functions too, where a circle hides until the function runs. A module's imports
+are the minidp modules its ``import`` statements name: ``from minidp.comm import guard``
+names ``minidp.comm.guard`` (a module), ``from minidp.comm import Topology`` names the
+package ``minidp.comm``.
+"""
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(ROOT, "minidp")
+
+# The package's face and what every layer uses; everything else lives in a package.
+ROOT_MODULES = {"__init__", "__main__", "backend", "threads", "trace", "allocator",
+                "functional"}
+# The one inherent circle: ops build Tensors, and Tensor's operators call ops.
+CIRCLE_ALLOWED = "minidp.autograd"
+# Lower layers never import higher ones (a layer may import its own and lower ones).
+LAYERS = [("minidp", "minidp.backend", "minidp.threads", "minidp.trace", "minidp.allocator"),
+          ("minidp.kernels", "minidp.autograd", "minidp.functional"),
+          ("minidp.layers", "minidp.optim"), ("minidp.comm",), ("minidp.io",),
+          ("minidp.strategies",), ("minidp.run",), ("minidp.reporting", "minidp.simulate"),
+          ("minidp.__main__",)]
+
+
+def modules() -> dict[str, str]:
+    """{dotted module name: path} of every module of the package."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].split(os.sep)
+                dotted = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+                found[dotted] = os.path.join(folder, name)
+    return found
+
+
+def imports(path: str, known: dict[str, str]) -> set[str]:
+    """The minidp modules that the file at ``path`` imports, anywhere in it."""
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.split(".")[0] == "minidp")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] == "minidp":
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                names.add(sub if sub in known else node.module)
+    return {n for n in names if n in known}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(path, known) - {name} for name, path in known.items()}
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer(module: str) -> int:
+    """The index in :data:`LAYERS` of the longest prefix that names ``module``'s layer."""
+    best = max((p for group in LAYERS for p in group
+                if module == p or module.startswith(p + ".")), key=len)
+    return next(i for i, group in enumerate(LAYERS) if best in group)
+
+
+def test_the_root_holds_only_the_package_face_and_what_every_layer_uses():
+    at_root = {name[:-3] for name in os.listdir(PACKAGE) if name.endswith(".py")}
+    assert at_root - ROOT_MODULES == set(), (
+        f"modules at minidp/'s root beyond {sorted(ROOT_MODULES)}: move them into the "
+        "package of their job (docs/design.md)")
+    assert len(at_root) <= 8
+
+
+def test_no_import_circle_outside_the_autograd_core():
+    bad = [c for c in circles(graph())
+           if not all(m == CIRCLE_ALLOWED or m.startswith(CIRCLE_ALLOWED + ".") for m in c)]
+    assert bad == [], f"import circles: {bad}"
+
+
+def test_lower_layers_never_import_higher_ones():
+    upward = sorted(f"{m} imports {n}" for m, targets in graph().items() for n in targets
+                    if layer(n) > layer(m) and m != "minidp")
+    assert upward == [], "\n".join(upward)
+
+
+def test_the_checks_see_a_circle_and_an_upward_import():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(edges) == [["a", "b", "c"]]
+    assert layer("minidp.strategies.sync") > layer("minidp.comm.guard")
+    assert layer("minidp.run.trainer") > layer("minidp.strategies")
