@@ -8,7 +8,7 @@ hierarchical``, so comparing with that would compare a thing with itself.
 import numpy as np
 import pytest
 from mpi4py import MPI
-from strategy_runs import layouts, run, world
+from strategy_runs import PER_RANK, global_batch, layouts, run, world
 
 from minidp import Tensor, layers, strategies
 from minidp import functional as F
@@ -90,6 +90,79 @@ def test_hsgd_level_one_keeps_nodes_equal_between_level_two_syncs():
         checks.clear()
         run("hsgd", ranks_per_node, average="parameters", level2_period=4, after_step=after)
         assert all(checks)
+
+
+def replica_gradient(model, w, x, y):
+    """The gradient of the cross entropy at parameters ``w`` on (x, y), as a flat array."""
+    flat = model.flat_parameters()
+    flat.data[...] = w
+    flat.zero_grad()
+    F.cross_entropy(model(Tensor(x)), y).backward()
+    return flat.grad.copy()
+
+
+def local_sgd_reference(ranks_per_node, epochs=2, batches=5, lr=0.1, gradients="own",
+                        average_every=None, node_every=None):
+    """Every rank's parameters after plain SGD with averaging on a schedule, in NumPy.
+
+    Written from the algorithms' equations, apart from the strategies: all N replicas are
+    held here; per step each computes its gradient on its slice of the global batch;
+    ``gradients="node"`` replaces each by its node's mean (HBSGD's bulk-synchronous
+    groups); then w_r <- w_r - lr g_r; then, at steps t with t % average_every == 0, every
+    replica becomes the world's mean, else at t % node_every == 0 its node's mean; each
+    epoch ends with a world mean unless its last step made one.
+    """
+    n = world.size
+    layers.manual_seed(0)
+    model = layers.mlp(12, (10,), 3).to(np.float64)
+    w = np.tile(model.flat_parameters().data.copy(), (n, 1))
+    nodes = [list(range(k, k + ranks_per_node)) for k in range(0, n, ranks_per_node)]
+    t = 0
+    for epoch in range(epochs):
+        for b in range(batches):
+            t += 1
+            x, y = global_batch(epoch, b, n)
+            g = np.stack([replica_gradient(model, w[r], x[r * PER_RANK:(r + 1) * PER_RANK],
+                                           y[r * PER_RANK:(r + 1) * PER_RANK])
+                          for r in range(n)])
+            if gradients == "node":
+                for node in nodes:
+                    g[node] = g[node].mean(axis=0)
+            w = w - lr * g
+            if average_every and t % average_every == 0:
+                w[:] = w.mean(axis=0)
+            elif node_every and t % node_every == 0:
+                for node in nodes:
+                    w[node] = w[node].mean(axis=0)
+        if not (average_every and t % average_every == 0):
+            w[:] = w.mean(axis=0)
+    return w
+
+
+def test_hsgd_local_sgd_equals_the_hand_computed_schedule():
+    """Parameter averaging: the node level is the mean of the ranks' pre-average parameters."""
+    for ranks_per_node in layouts():
+        steps = []
+
+        def after(s, epoch, b):
+            steps.append(s.flat.data.copy())
+        got, _ = run("hsgd", ranks_per_node, average="parameters", level1_period=1,
+                     level2_period=4, after_step=after)
+        expected = local_sgd_reference(ranks_per_node, average_every=4, node_every=1)
+        np.testing.assert_allclose(got, expected[world.rank], rtol=0, atol=1e-12)
+        # between world averages the nodes differ (the node branch ran), unless one node
+        if ranks_per_node < world.size:
+            differ = world.allgather(steps[0])
+            assert np.abs(differ[0] - differ[-1]).max() > 1e-6
+
+
+def test_hbsgd_k3_equals_the_hand_computed_k_avg_schedule():
+    """Node gradient means every step, world parameter means at steps 3, 6, ... (K-AVG)."""
+    for ranks_per_node in layouts():
+        got, _ = run("hbsgd", ranks_per_node, k=3, batches=4)
+        expected = local_sgd_reference(ranks_per_node, batches=4, gradients="node",
+                                       average_every=3)
+        np.testing.assert_allclose(got, expected[world.rank], rtol=0, atol=1e-12)
 
 
 @pytest.fixture(scope="module")

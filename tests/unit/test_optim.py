@@ -38,6 +38,32 @@ def test_lars_update_norm_is_lr_trust_w_whatever_the_gradient_scale(scale):
                                                           rel=1e-12)
 
 
+def test_lars_with_weight_decay_that_matters_equals_the_paper_written_out():
+    """Algorithm 1 of You, Gitman, Ginsburg (2017) at constant lr, weight decay 0.5."""
+    rng = np.random.default_rng(1)
+    shapes = [(6, 4), (4,)]
+    ws = [rng.standard_normal(s) for s in shapes]
+    grads = [[rng.standard_normal(s) * 3 for s in shapes] for _ in range(4)]
+    lr, m, wd, trust, eps = 0.3, 0.9, 0.5, 0.02, 1e-8
+    params = [Parameter(w.copy()) for w in ws]
+    opt = LARS(params, lr=lr, momentum=m, weight_decay=wd, trust_coefficient=trust, eps=eps)
+    expected, velocity = [w.copy() for w in ws], [np.zeros(s) for s in shapes]
+    for step in grads:
+        for p, g in zip(params, step):
+            p.grad = g.copy()
+        opt.step()
+        for i, g in enumerate(step):
+            w = expected[i]
+            local = trust * np.linalg.norm(w) / (np.linalg.norm(g) + wd * np.linalg.norm(w) + eps)
+            velocity[i] = m * velocity[i] + lr * local * (g + wd * w)
+            expected[i] = w - velocity[i]
+    for p, w in zip(params, expected):
+        np.testing.assert_allclose(p.data, w, rtol=1e-13, atol=1e-15)
+    # the weight decay is large enough that leaving it out of the ratio moves the result
+    assert trust_ratio(1.234, 5.678, wd, trust, eps) < 0.91 * trust_ratio(1.234, 5.678, 0.0,
+                                                                            trust, eps)
+
+
 def test_lars_excludes_biases_when_asked():
     p, b = Parameter(np.ones((2, 2))), Parameter(np.ones(2))
     p.grad, b.grad = np.ones((2, 2)), np.ones(2)
