@@ -20,7 +20,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 
-.PHONY: venv test test-gpu test-faults fuzz test-unit test-nojit test-min data demo lint bench torch clean
+.PHONY: venv test test-gpu test-faults mutants fuzz test-unit test-nojit test-min data demo lint bench torch clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ test-gpu:
 # Every strategy with every injected fault (raise, kill, hang); `make test` runs a third.
 test-faults: venv
 	MINIDP_FAULT_MATRIX=full $(BIN)/python -m pytest -q tests/test_faults.py
+
+# Does the suite see every update? The curated mutants of tests/mutants.toml, one at a time in
+# a scratch copy, each against the tests that must catch it; "caught N of N", non-zero when
+# one survives. Run it before calling a change to an algorithm done (docs/design.md).
+mutants: venv
+	$(BIN)/python tests/mutants.py
 
 # The readers of .mdp, IDX and CIFAR-10 files and the configuration parser, fuzzed longer
 # than `make test` does (Hypothesis profile "long"; counts in docs/reliability.md).
