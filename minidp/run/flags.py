@@ -23,13 +23,15 @@ from minidp.comm import ALLREDUCE_ALGORITHMS
 from minidp.io.datasets import DATASETS
 from minidp.layers import MODELS
 from minidp.run import faults
-from minidp.run.config import FIELDS, TrainConfig, check_type, flag_name
+from minidp.run.config import BATCH_SIZE, FIELDS, TrainConfig, check_type, flag_name
 from minidp.strategies import names, strategy_class
 
 HELP = {
     "model": f"one of {', '.join(MODELS)}", "dataset": f"one of {', '.join(DATASETS)}",
     "strategy": ", ".join(names()),
-    "batch_size": "samples per worker per step (default 64)",
+    "batch_size": f"samples per worker per step (default {BATCH_SIZE})",
+    "lr": "learning rate (default: the strategy's, docs/configuration.md)",
+    "momentum": "momentum (default: the strategy's, docs/configuration.md)",
     "global_batch_size": "samples per step over all workers (instead of --batch-size)",
     "optimizer": "sgd or lars", "schedule": "constant, cosine, step or poly (per step)",
     "warmup_epochs": "linear learning-rate warm-up", "ranks_per_node": "virtual nodes of "
