@@ -56,6 +56,12 @@ def test_every_example_ran(ran):
             "train_single.py"} <= set(ran)
 
 
+def test_a_job_whose_output_is_piped_shows_no_progress(ran):
+    # hsgd.py leaves progress on; its output goes through pipes, as in CI or a batch job
+    assert "out: runs/example-hsgd" in ran["hsgd.py"]
+    assert not re.search(r"^epoch \d+/\d+: step |step/s", "".join(ran.values()), re.M)
+
+
 def test_the_hand_written_loop_and_the_single_process_one_learn(ran):
     for name in ("sync.py", SINGLE_PROCESS):
         accuracy = percentages("\n".join(line for line in ran[name].splitlines()
