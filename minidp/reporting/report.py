@@ -69,6 +69,8 @@ def write_report(runs: list[Run], out: str) -> str:
              "wait) over the epoch's wall time.", "", *runs_table(runs), ""]
     for title, name in images:
         lines += [f"## {title}", "", f"![{title}]({name})", ""]
+    if not images:
+        lines += ["No plots: no run has finished an epoch yet.", ""]
     for r in runs:
         lines += [f"## Epochs: {r.label}", "", *epochs_table(r), ""]
     path = os.path.join(out, "report.md")
