@@ -42,3 +42,10 @@ def test_every_strategy_improves_every_epoch_with_the_defaults(tmp_path):
         assert accuracy[0] > 0.1, r  # above chance after the first epoch
         assert all(b > a for a, b in zip(accuracy[:3], accuracy[1:3])), r
     assert results[DEMO]["accuracy"][-1] >= 0.85, results[DEMO]
+    # DASO's defaults (Heat's 4 warm-up and 4 cool-down epochs) leave 3 epochs no cycle
+    warnings = [line for line in launch.output.splitlines() if "warning: daso" in line]
+    assert warnings == [
+        "warning: daso: --epochs 3 leaves no cycling epoch between daso.warmup_epochs=4 and "
+        "daso.cooldown_epochs=4 ((B, S, L) stays (0, 0, 0): every batch a blocking average, "
+        "as sync): give --epochs 9 or more, or --set daso.warmup_epochs=1 --set "
+        "daso.cooldown_epochs=1"]

@@ -75,6 +75,7 @@ def test_daso_example_drives_train_epoch_through_its_schedule(ran):
     # warm-up blocks every batch, the cycling epoch skips, the cool-down blocks again
     assert "(B, S, L) = (0, 0, 0)" in lines[0] and "(B, S, L) = (0, 0, 0)" in lines[2]
     assert "(B, S, L) = (0, 0, 0)" not in lines[1]
+    assert "warning: daso" not in ran["daso.py"]  # epoch 2 cycles: nothing to warn of
     assert percentages(lines[2])[-1] > 0.5
 
 

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from minidp.reporting.runs import Run  # noqa: E402
+from minidp.reporting.runs import LEVELS, Run  # noqa: E402
 from minidp.trace import PHASES  # noqa: E402
 
 PHASE_COLOURS = dict(zip(PHASES, plt.get_cmap("tab10").colors))
@@ -145,16 +145,16 @@ def phases_per_rank(runs: list[Run]) -> Figure | None:
 
 
 def bytes_per_level(runs: list[Run]) -> Figure | None:
-    """MiB sent inside nodes and between nodes, every finished run."""
+    """MiB sent inside nodes, between nodes, and by MPI's algorithm, every finished run."""
     done = [r for r in runs if r.summary is not None]
     if not done:
         return None
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(done) + 3), 4.5))
-    width = 0.4
-    for shift, level in ((-width / 2, "intra"), (width / 2, "inter")):
-        ax.bar([k + shift for k in range(len(done))],
+    width = 0.8 / len(LEVELS)
+    for k, (level, name) in enumerate(LEVELS.items()):
+        ax.bar([x + (k - (len(LEVELS) - 1) / 2) * width for x in range(len(done))],
                [r.summary.get("bytes_sent", {}).get(level, 0) / 2**20 for r in done],
-               width, label=f"{level}-node")
+               width, label=name)
     ax.set_xticks(range(len(done)), [_wrap(r.label, 18) for r in done],
                   fontsize="small")
     ax.set(title="Bytes sent per level over the run (all ranks)", ylabel="MiB")

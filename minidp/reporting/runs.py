@@ -22,6 +22,9 @@ from minidp.trace import PHASES
 NOT_SETTINGS = ("out", "data_dir", "progress", "verify", "overwrite", "resume", "checkpoint_every",
                 "comm_timeout", "inject_fault", "explain")
 COMM_PHASES = ("comm_intra", "comm_inter", "wait")
+# summary.json's byte counters, as report.md and bytes.png name them (docs/reporting.md)
+LEVELS = {"intra": "intra-node", "inter": "inter-node",
+          "mpi": "MPI's allreduce (its algorithm: cannot be split)"}
 # How a label writes a setting's value: short, with its unit (others: "name value").
 SHORT = {"epochs": "{} epochs", "net_latency_us": "{:g} us", "net_bandwidth_gbps": "{:g} Gb/s",
          "ranks_per_node": "{} per node", "batch_size": "batch {}",

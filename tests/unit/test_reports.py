@@ -124,6 +124,14 @@ def test_legends_stand_outside_every_axes_and_panel_titles_fit(tmp_path):
             assert not overlap(a, b), make.__name__
         plots.plt.close(fig)
     assert len(plots.loss(runs).axes[0].get_legend().get_texts()) == 6 + 2  # runs, styles
+    # a long label wraps over lines inside its own panel
+    runs[3].label = "daso (cooldown_epochs=1, warmup_epochs=1, 2 per node, batch 128, lr 0.1)"
+    fig = plots.phases_per_epoch(runs)
+    renderer = drawn(fig)
+    title, panel = fig.axes[3].title, fig.axes[3].get_window_extent(renderer)
+    assert title.get_text().count("\n") >= 1
+    box = title.get_window_extent(renderer)
+    assert panel.x0 - 10 <= box.x0 and box.x1 <= panel.x1 + 10
 
 
 def test_report_of_one_run_that_finished_no_epoch_has_no_plots(tmp_path):
