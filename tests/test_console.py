@@ -104,14 +104,19 @@ def test_progress_lines_are_at_most_every_interval(monkeypatch, capsys):
     for step, seconds in enumerate([0.0, 1.0, 1.5, 2.5, 3.0, 4.5], 1):
         now[0] = 100.0 + seconds
         progress.step(0, step, loss=float(step))
-    now[0] = 110.0
-    progress.step(1, 1, loss=1.0)  # a new epoch restarts the clock: no line at once
+    for step, seconds in enumerate([5.0, 5.5, 6.0, 6.6], 1):  # the next epoch, 1.6 s long
+        now[0] = 100.0 + seconds
+        progress.step(1, step, loss=0.5)
     lines = capsys.readouterr().err.splitlines()
-    # the first step starts the clock; 2.5 s (step 4) and 4.5 s (step 6) are 2 s apart
+    # the first step starts the clock; 2.5 s (step 4) and 4.5 s (step 6) are 2 s apart;
+    # the interval runs on into the next epoch (6.6 s), whose rate is its own; its first
+    # step (5.0 s) has no rate yet, so no line
     assert lines == ["epoch 1/3: step 4/10 (40%), loss 2.5000 (epoch mean), 1.2 steps/s, "
                      "ETA 5.0 s",
                      "epoch 1/3: step 6/10 (60%), loss 3.5000 (epoch mean), 1.1 steps/s, "
-                     "ETA 3.6 s"]
+                     "ETA 3.6 s",
+                     "epoch 2/3: step 4/10 (40%), loss 0.5000 (epoch mean), 1.9 steps/s, "
+                     "ETA 3.2 s"]
     other = Progress(rank=0, first_worker=1, enabled=True, epochs=3, batches=10)
     other.step(0, 1, 1.0)
     assert other.mode == "off"  # a server (rank 0 here) takes no steps

@@ -131,7 +131,8 @@ class Progress:
         self.mode = mode if rank == first_worker else "off"
         self.bar: tqdm | None = None
         self.epoch, self.first, self.loss_sum = -1, 0, 0.0  # lines: the epoch so far
-        self.started = self.last_line = 0.0
+        self.started = 0.0
+        self.last_line: float | None = None  # the run's first step starts the interval
 
     def step(self, epoch: int, steps: int, loss: float) -> None:
         """One step done (``steps`` of the epoch so far, its loss): the bar or a line."""
@@ -150,11 +151,14 @@ class Progress:
 
     def _line(self, epoch: int, steps: int, loss: float) -> None:
         now = time.perf_counter()
-        if epoch != self.epoch:  # the epoch's first step: its clock (and rate) start here
-            self.epoch, self.loss_sum, self.first = epoch, loss, steps
-            self.started = self.last_line = now
+        if self.last_line is None:
+            self.last_line = now
+        if epoch != self.epoch:  # the epoch's first step: its rate is timed from here
+            self.epoch, self.loss_sum, self.first, self.started = epoch, loss, steps, now
             return
         self.loss_sum += loss
+        # The interval runs on across epochs: epochs shorter than it still show a line
+        # now and then, never more often than every `every` seconds.
         if now - self.last_line < self.every:
             return
         self.last_line = now
