@@ -2,7 +2,8 @@
 
 The MPI examples run in turn in one 4-rank job (tests/scripts/run_examples.py: each as
 ``python -m mpi4py examples/NAME.py`` would run it), ``train_single.py`` as one process;
-all on the first 1,024 mnist-5k training samples, so an example that breaks fails here.
+all on the first 1,024 mnist-5k training samples for an epoch or three, so an example
+that breaks fails here.
 """
 
 import glob
@@ -15,8 +16,10 @@ import pytest
 from spmd import ROOT, run_spmd
 
 SMALL = ["--dataset", "mnist-5k", "--train-samples", "1024", "--test-samples", "400",
-         "--epochs", "2"]
-EXTRA = {"sync.py": ["--ranks-per-node", "2"], "daso.py": ["--epochs", "3"]}
+         "--epochs", "1"]
+# daso.py: warm-up, one cycling epoch, cool-down; the hand-written loops: two epochs to learn
+EXTRA = {"sync.py": ["--ranks-per-node", "2", "--epochs", "2"], "daso.py": ["--epochs", "3"],
+         "train_single.py": ["--epochs", "2"]}
 SINGLE_PROCESS = "train_single.py"
 NOT_EXAMPLES = ("common.py",)  # the examples' shared flags
 
@@ -44,7 +47,8 @@ def ran(tmp_path_factory):
     parts = re.split(r"^== (\S+)\n", launch.output, flags=re.M)
     outputs = dict(zip(parts[1::2], parts[2::2]))
     single = subprocess.run([sys.executable, os.path.join(ROOT, "examples", SINGLE_PROCESS),
-                             *SMALL, *data], cwd=cwd, capture_output=True, text=True,
+                             *SMALL, *data, *EXTRA[SINGLE_PROCESS]], cwd=cwd,
+                            capture_output=True, text=True,
                             timeout=120, env=dict(os.environ, MINIDP_NUM_THREADS="1"))
     assert single.returncode == 0, single.stdout + single.stderr
     outputs[SINGLE_PROCESS] = single.stdout
