@@ -1,26 +1,27 @@
 """Asynchronous SGD under a straggler: sync waits for the slow worker, asgd and dbs do not.
 
-    .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py examples/asgd.py
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py examples/asgd.py [--epochs 2]
 
 4 ranks; rank 3 computes 3x slower (``slowdown="3:3"``). ``sync`` has 4 workers that
 wait for rank 3 every step. ``asgd`` and ``dbs`` make rank 0 a parameter server and
 ranks 1-3 workers: an epoch is a budget of samples, so the fast workers take most of
 it; ``dbs`` also gives each worker a batch size proportional to its measured speed, so
-gradients arrive in turn and are about equally stale. Each run prints its time, its
-accuracy, and what the server saw (updates, staleness, samples per worker).
+gradients arrive in turn and are about equally stale. Each strategy trains with its own
+default learning rate and momentum (docs/configuration.md). Each run prints its time,
+its accuracy, and what the server saw (updates, staleness, samples per worker).
 """
 
+from common import data_settings, parser
 from mpi4py import MPI
 
 from minidp.run.config import TrainConfig
 from minidp.run.trainer import Trainer
 
-RUNS = {"sync": dict(lr=0.05, momentum=0.9), "asgd": dict(lr=0.1, momentum=0.0),
-        "dbs": dict(lr=0.1, momentum=0.0)}
-
-for strategy, settings in RUNS.items():
-    config = TrainConfig(model="lenet5", dataset="fashion-mnist", strategy=strategy, epochs=2,
-                         batch_size=64, slowdown="3:3", progress=False, **settings)
+args = parser(__doc__, epochs=2).parse_args()
+for strategy in ("sync", "asgd", "dbs"):
+    config = TrainConfig(**data_settings(args), model="lenet5", strategy=strategy,
+                         slowdown="3:3", progress=False, out=f"runs/example-asgd-{strategy}",
+                         overwrite=True)
     summary = Trainer(config).fit()
     if MPI.COMM_WORLD.rank == 0:
         last = summary["epochs"][-1]

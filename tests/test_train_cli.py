@@ -162,7 +162,7 @@ def test_resume_refuses_another_configuration_and_a_finished_run(tmp_path, data_
     refusals = [
         (["--epochs", "3", "--batch-size", "32", "--lr", "0.1"],
          f"error: --resume: cannot continue checkpoint '{out}/checkpoints/epoch-0002': "
-         "--batch-size: checkpoint 16, now 32; --lr: checkpoint 0.05, now 0.1"),
+         "--batch-size: checkpoint 16, now 32; --lr: checkpoint 0.02, now 0.1"),
         (["--epochs", "2"], "the run is complete (checkpoint at epoch 2, --epochs 2)"),
         (["--epochs", "1"], "the run is complete (checkpoint at epoch 2, --epochs 1)")]
     for args, message in refusals:

@@ -10,6 +10,10 @@ are never charged.
 Each algorithm states what it sends across nodes (per rank, for a buffer of n bytes):
 a flat ring over N ranks on P > 1 nodes pays 2(N-1) latencies and 2(N-1)/N * n bytes,
 the hierarchical rails a ring over P nodes on their slice.
+
+Bytes and messages are counted under the operation's level, or under ``counted``
+where that says more: ``mpi`` for MPI's own allreduce over ranks of several nodes of
+several ranks each, whose messages MPI's algorithm places (docs/reporting.md).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from types import TracebackType
 from minidp.trace import tracer
 
 LEVELS = ("intra", "inter")
+COUNTED = (*LEVELS, "mpi")  # the byte and message counters: per level, and MPI's unsplit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +71,15 @@ def ring_traffic(ranks: int, nbytes: int) -> tuple[int, float]:
     return 2 * (ranks - 1), 2 * (ranks - 1) / ranks * nbytes
 
 
-def _account(level: str, messages: int, nbytes: float) -> None:
-    """Count one operation's bytes and messages on the tracer under its level."""
+def _account(level: str, messages: int, nbytes: float, counted: str | None = None) -> None:
+    """Count one operation's bytes and messages on the tracer: under ``counted``, else level."""
     if level not in LEVELS:
         raise ValueError(f"level: got {level!r}, allowed: {LEVELS}")
-    tracer().count(f"bytes_{level}", int(nbytes))
-    tracer().count(f"messages_{level}", messages)
+    counter = counted or level
+    if counter not in COUNTED:
+        raise ValueError(f"counted: got {counter!r}, allowed: {COUNTED}")
+    tracer().count(f"bytes_{counter}", int(nbytes))
+    tracer().count(f"messages_{counter}", messages)
 
 
 class Pending:
@@ -82,8 +90,9 @@ class Pending:
     of the model is left.
     """
 
-    def __init__(self, level: str, operation: str, messages: int, nbytes: float) -> None:
-        _account(level, messages, nbytes)
+    def __init__(self, level: str, operation: str, messages: int, nbytes: float,
+                 counted: str | None = None) -> None:
+        _account(level, messages, nbytes, counted)
         self.level, self.operation = level, operation
         self.model_s = network_model().seconds(messages, nbytes) if level == "inter" else 0.0
         self.start = time.perf_counter()
@@ -106,14 +115,16 @@ class Charge:
     more each time (what a 64 KiB allreduce notices).
     """
 
-    __slots__ = ("level", "operation", "messages", "nbytes", "phase", "start")
+    __slots__ = ("level", "operation", "messages", "nbytes", "counted", "phase", "start")
 
-    def __init__(self, level: str, operation: str, messages: int, nbytes: float) -> None:
+    def __init__(self, level: str, operation: str, messages: int, nbytes: float,
+                 counted: str | None = None) -> None:
         self.level, self.operation, self.messages, self.nbytes = level, operation, messages, \
             nbytes
+        self.counted = counted
 
     def __enter__(self) -> None:
-        _account(self.level, self.messages, self.nbytes)
+        _account(self.level, self.messages, self.nbytes, self.counted)
         self.phase = tracer().phase(f"comm_{self.level}", op=self.operation, bytes=self.nbytes,
                                     messages=self.messages)
         self.phase.__enter__()
@@ -132,6 +143,10 @@ class Charge:
             self.phase.__exit__(kind, value, traceback)
 
 
-def charged(level: str, operation: str, messages: int, nbytes: float) -> Charge:
-    """Time, count and (inter-node) charge one communication operation (a ``with`` block)."""
-    return Charge(level, operation, messages, nbytes)
+def charged(level: str, operation: str, messages: int, nbytes: float,
+            counted: str | None = None) -> Charge:
+    """Time, count and (inter-node) charge one communication operation (a ``with`` block).
+
+    ``counted``: the counter of its bytes and messages when not the level's (``mpi``).
+    """
+    return Charge(level, operation, messages, nbytes, counted)

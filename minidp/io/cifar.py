@@ -38,6 +38,10 @@ import numpy as np
 
 PIXELS = 3 * 32 * 32
 CLASSES = 10
+# Where the batches come from and the folder their archive unpacks to.
+SOURCE = "https://www.cs.toronto.edu/~kriz/cifar.html"
+ARCHIVE = "cifar-10-python.tar.gz"
+UNPACKED = "cifar-10-batches-py"
 _NUMBER = re.compile(r"[<>|=]?[biuf][0-9]{1,2}")  # "u1", as the batches store uint8
 _MEMO_PUT = ("PUT", "BINPUT", "LONG_BINPUT")
 
@@ -131,12 +135,21 @@ def load_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     """One batch file as (images (N, 3, 32, 32) uint8, labels (N,) int64).
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file (the message says where to get the files and
+            how to lay them out).
         ValueError: the file is not a CIFAR-10 python batch (the message names it and
             says why: a refused global, a length past the end, a wrong shape...).
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"CIFAR-10 batch '{path}' does not exist")
+        directory = os.path.dirname(path) or "."
+        data_dir = (os.path.dirname(directory) or ".") \
+            if os.path.basename(directory) == UNPACKED else directory
+        raise FileNotFoundError(
+            f"CIFAR-10 batch '{path}' does not exist. minidp reads CIFAR-10's python "
+            f"version: download {ARCHIVE} from {SOURCE} and unpack it in the data "
+            f"directory (tar xzf {ARCHIVE} -C {data_dir}), which gives "
+            f"{os.path.join(data_dir, UNPACKED)}/ holding data_batch_1 ... data_batch_5 and "
+            f"test_batch; point --data-dir at {data_dir}")
     with open(path, "rb") as f:
         raw = f.read()
     try:

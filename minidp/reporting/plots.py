@@ -1,15 +1,21 @@
 """The report's figures: one PNG per question a reader asks of a set of runs.
 
 Every function takes the labelled runs of :mod:`minidp.reporting.runs` and returns a figure,
-or None when no run has the data (a staleness histogram needs an asynchronous run).
-Matplotlib runs on its Agg backend: no display, the same pixels on a cluster's login
-node as on a laptop. Every plot has a title, axis units and a legend naming the runs.
+or None when no run has the data (a staleness histogram needs an asynchronous run, no
+plot of epochs can be drawn before a run has finished one). Matplotlib runs on its Agg
+backend: no display, the same pixels on a cluster's login node as on a laptop. Every
+plot has a title, axis units and a legend naming the runs, outside the axes (beside
+them, so no curve is hidden however many runs there are); a figure of one panel per
+run puts at most :data:`COLUMNS` panels in a row and wraps each run's label over lines
+in its title.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import textwrap
 from typing import Callable
 
 import matplotlib
@@ -19,10 +25,34 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from minidp.reporting.runs import Run  # noqa: E402
+from minidp.reporting.runs import LEVELS, Run  # noqa: E402
 from minidp.trace import PHASES  # noqa: E402
 
 PHASE_COLOURS = dict(zip(PHASES, plt.get_cmap("tab10").colors))
+COLUMNS = 3  # panels per row in the per-run figures
+TITLE_CHARACTERS = 34  # a panel title's line, at the default font on a 4.5-inch panel
+
+
+def _legend_outside(ax: plt.Axes) -> None:
+    """The legend to the right of ``ax``, top-aligned (savefig's tight box keeps it)."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
+
+
+def _panels(count: int) -> tuple[Figure, list[plt.Axes]]:
+    """A figure of ``count`` panels, at most COLUMNS a row, sharing the y axis."""
+    columns = min(count, COLUMNS)
+    rows = math.ceil(count / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns + 2, 3.8 * rows + 0.8),
+                             sharey=True, squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[count:]:  # the last row's empty places
+        ax.set_visible(False)
+    return fig, flat[:count]
+
+
+def _wrap(label: str, width: int = TITLE_CHARACTERS) -> str:
+    """A label over lines of at most ``width`` characters, broken between words only."""
+    return textwrap.fill(label, width, break_long_words=False, break_on_hyphens=False)
 
 
 def _cumulative(values: list[float]) -> list[float]:
@@ -49,24 +79,25 @@ def accuracy(runs: list[Run]) -> Figure:
     _epochs(by_epoch)
     for ax in (by_time, by_epoch):
         ax.grid(alpha=0.3)
-    by_epoch.legend(fontsize="small")
+    _legend_outside(by_epoch)
     return fig
 
 
 def loss(runs: list[Run]) -> Figure:
-    """Training loss (solid) and test loss (dashed) per epoch."""
+    """Training loss (solid) and test loss (dashed) per epoch; one legend entry per run."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r, colour in zip(runs, itertools.cycle(plt.get_cmap("tab10").colors)):
         epochs = [m["epoch"] for m in r.epochs]
         ax.plot(epochs, [m["train_loss"] for m in r.epochs], color=colour, marker="o",
-                label=f"{r.label}: train")
-        ax.plot(epochs, [m["test_loss"] for m in r.epochs], color=colour, linestyle="--",
-                label=f"{r.label}: test")
+                label=r.label)
+        ax.plot(epochs, [m["test_loss"] for m in r.epochs], color=colour, linestyle="--")
+    ax.plot([], [], color="black", label="train (solid)")
+    ax.plot([], [], color="black", linestyle="--", label="test (dashed)")
     ax.set(title="Loss per epoch (train: mean over the epoch's batches)",
            ylabel="cross-entropy loss")
     _epochs(ax)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend_outside(ax)
     return fig
 
 
@@ -80,16 +111,17 @@ def _stacked(ax: plt.Axes, positions: list[float], totals: list[dict[str, float]
 
 def phases_per_epoch(runs: list[Run]) -> Figure:
     """Seconds per phase in every epoch, busiest rank (each phase's maximum over ranks)."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs) + 2, 4.5), sharey=True,
-                             squeeze=False)
-    for ax, r in zip(axes[0], runs):
+    fig, axes = _panels(len(runs))
+    for ax, r in zip(axes, runs):
         _stacked(ax, [m["epoch"] for m in r.epochs], [m["phases"] for m in r.epochs])
-        ax.set(title=r.label)
+        ax.set_title(_wrap(r.label), fontsize="medium")
         _epochs(ax)
-    axes[0][0].set_ylabel("seconds (busiest rank per phase)")
-    axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    for ax in axes[::COLUMNS]:
+        ax.set_ylabel("seconds (busiest rank per phase)")
+    _legend_outside(axes[min(len(axes), COLUMNS) - 1])
     fig.suptitle("Time per phase per epoch (each phase's maximum over ranks, so a bar "
                  "can exceed the epoch)")
+    fig.tight_layout()
     return fig
 
 
@@ -98,33 +130,35 @@ def phases_per_rank(runs: list[Run]) -> Figure | None:
     traced = [r for r in runs if r.rank_phases]
     if not traced:
         return None
-    fig, axes = plt.subplots(1, len(traced), figsize=(4 * len(traced) + 2, 4.5),
-                             sharey=True, squeeze=False)
-    for ax, r in zip(axes[0], traced):
+    fig, axes = _panels(len(traced))
+    for ax, r in zip(axes, traced):
         ranks = list(r.rank_phases)
         _stacked(ax, ranks, [r.rank_phases[k] for k in ranks])
-        ax.set(title=r.label, xlabel="rank", xticks=ranks)
-    axes[0][0].set_ylabel("seconds over the run (from trace.json)")
-    axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+        ax.set_title(_wrap(r.label), fontsize="medium")
+        ax.set(xlabel="rank", xticks=ranks)
+    for ax in axes[::COLUMNS]:
+        ax.set_ylabel("seconds over the run (trace.json)")
+    _legend_outside(axes[min(len(axes), COLUMNS) - 1])
     fig.suptitle("Time per phase per rank: where each rank spent the run")
+    fig.tight_layout()
     return fig
 
 
 def bytes_per_level(runs: list[Run]) -> Figure | None:
-    """MiB sent inside nodes and between nodes, every finished run."""
+    """MiB sent inside nodes, between nodes, and by MPI's algorithm, every finished run."""
     done = [r for r in runs if r.summary is not None]
     if not done:
         return None
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(done) + 3), 4.5))
-    width = 0.4
-    for shift, level in ((-width / 2, "intra"), (width / 2, "inter")):
-        ax.bar([k + shift for k in range(len(done))],
+    width = 0.8 / len(LEVELS)
+    for k, (level, name) in enumerate(LEVELS.items()):
+        ax.bar([x + (k - (len(LEVELS) - 1) / 2) * width for x in range(len(done))],
                [r.summary.get("bytes_sent", {}).get(level, 0) / 2**20 for r in done],
-               width, label=f"{level}-node")
-    ax.set_xticks(range(len(done)), [r.label for r in done], rotation=20, ha="right",
+               width, label=name)
+    ax.set_xticks(range(len(done)), [_wrap(r.label, 18) for r in done],
                   fontsize="small")
     ax.set(title="Bytes sent per level over the run (all ranks)", ylabel="MiB")
-    ax.legend()
+    _legend_outside(ax)
     return fig
 
 
@@ -142,7 +176,7 @@ def staleness(runs: list[Run]) -> Figure | None:
     ax.set(title="Staleness of applied gradients (last bin: 32 or more)",
            xlabel="staleness (server updates between pull and apply)",
            ylabel="gradients", yscale="log")
-    ax.legend(fontsize="small")
+    _legend_outside(ax)
     return fig
 
 
@@ -158,11 +192,12 @@ def daso_schedule(runs: list[Run]) -> Figure | None:
                                    ("local_skip", "L", ":")):
             ax.step(epochs, r.strategy_stats(key), where="mid", linestyle=style,
                     marker="o", label=f"{r.label}: {symbol}")
-    ax.set(title="DASO's schedule per epoch (0, 0, 0: blocking every batch)",
+    ax.set(title="DASO's schedule per epoch ((0, 0, 0): blocking every batch, as in warm-up "
+           "and cool-down)",
            ylabel="batches")
     _epochs(ax)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend_outside(ax)
     return fig
 
 
@@ -182,7 +217,7 @@ def batch_sizes(runs: list[Run]) -> Figure | None:
            ylabel="samples per gradient")
     _epochs(ax)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    _legend_outside(ax)
     return fig
 
 
@@ -199,10 +234,16 @@ FIGURES: list[tuple[str, str, Callable[[list[Run]], Figure | None]]] = [
 
 
 def plot_all(runs: list[Run], out: str) -> list[tuple[str, str]]:
-    """Write every figure that has data into ``out``; (title, file name) of each."""
-    written = []
+    """Write every figure that has data into ``out``; (title, file name) of each.
+
+    Only runs with a finished epoch are drawn; with none, there is nothing to draw.
+    """
+    written: list[tuple[str, str]] = []
+    finished = [r for r in runs if r.epochs]
+    if not finished:
+        return written
     for title, name, make in FIGURES:
-        fig = make([r for r in runs if r.epochs])
+        fig = make(finished)
         if fig is None:
             continue
         fig.savefig(os.path.join(out, name), dpi=100, bbox_inches="tight")

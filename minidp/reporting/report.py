@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from minidp.io.atomic import atomic_write
-from minidp.reporting.runs import Run, common_settings, label_runs, load_run
+from minidp.reporting.runs import LEVELS, Run, common_settings, label_runs, load_run
 from minidp.trace import PHASES
 
 
@@ -26,7 +26,7 @@ def _mib(summary: dict[str, Any] | None, level: str) -> str:
 def runs_table(runs: list[Run], paths: bool = True) -> list[str]:
     """Markdown rows: one per run, with the figures a comparison starts from."""
     head = ["run", "ranks", "epochs", "final test acc", "best", "training s", "s / epoch",
-            "comm share", "MiB intra", "MiB inter"] + (["directory"] if paths else [])
+            "comm share", "MiB intra", "MiB inter", "MiB MPI"] + (["directory"] if paths else [])
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         ranks = r.summary["world_size"] if r.summary else "-"
@@ -37,9 +37,9 @@ def runs_table(runs: list[Run], paths: bool = True) -> list[str]:
             comm = sum(m.get("comm_s", 0.0) for m in r.epochs)
             cells += [f"{accs[-1]:.2%}", f"{max(accs):.2%}", f"{r.wall_s:.1f}",
                       f"{wall / len(r.epochs):.2f}", f"{comm / max(wall, 1e-9):.0%}",
-                      _mib(r.summary, "intra"), _mib(r.summary, "inter")]
+                      *(_mib(r.summary, level) for level in LEVELS)]
         else:
-            cells += ["-"] * 7
+            cells += ["-"] * 8
         rows.append("| " + " | ".join(str(c) for c in cells + ([f"`{r.path}`"] if paths
                                                                  else [])) + " |")
     return rows
@@ -66,9 +66,13 @@ def write_report(runs: list[Run], out: str) -> str:
              f"{len(runs)} run(s); shared settings: {common_settings(runs)}.", "",
              "Phases are seconds per epoch on the busiest rank (each phase's maximum over "
              "ranks); the comm share is communication and waiting (comm_intra, comm_inter, "
-             "wait) over the epoch's wall time.", "", *runs_table(runs), ""]
+             "wait) over the epoch's wall time. MiB MPI: MPI's own allreduce over nodes of "
+             "several ranks, whose algorithm decides which bytes leave a node, so they "
+             "cannot be split into intra and inter.", "", *runs_table(runs), ""]
     for title, name in images:
         lines += [f"## {title}", "", f"![{title}]({name})", ""]
+    if not images:
+        lines += ["No plots: no run has finished an epoch yet.", ""]
     for r in runs:
         lines += [f"## Epochs: {r.label}", "", *epochs_table(r), ""]
     path = os.path.join(out, "report.md")

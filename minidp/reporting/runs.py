@@ -2,8 +2,9 @@
 
 A run directory (``--out`` of ``train``) holds ``run.json``, ``metrics.jsonl``,
 ``summary.json`` and ``trace.json`` (:mod:`minidp.run.files`). :func:`load_run` reads
-them; :func:`label_runs` names each run by its strategy and the settings in which the
-runs differ. A run that is still going (or was stopped) has no ``summary.json``.
+them; :func:`label_runs` names each run by its strategy and, shortly, the settings in
+which the runs differ (``sync (50 us, 1 Gb/s, 2 per node)``). A run that is still going
+(or was stopped) has no ``summary.json``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from minidp.run.config import STRATEGY_RATES, TrainConfig
 from minidp.strategies import STRATEGIES
 from minidp.trace import PHASES
 
@@ -20,6 +22,18 @@ from minidp.trace import PHASES
 NOT_SETTINGS = ("out", "data_dir", "progress", "verify", "overwrite", "resume", "checkpoint_every",
                 "comm_timeout", "inject_fault", "explain")
 COMM_PHASES = ("comm_intra", "comm_inter", "wait")
+# summary.json's byte counters, as report.md and bytes.png name them (docs/reporting.md)
+LEVELS = {"intra": "intra-node", "inter": "inter-node",
+          "mpi": "MPI's allreduce (its algorithm: cannot be split)"}
+# How a label writes a setting's value: short, with its unit (others: "name value").
+SHORT = {"epochs": "{} epochs", "net_latency_us": "{:g} us", "net_bandwidth_gbps": "{:g} Gb/s",
+         "ranks_per_node": "{} per node", "batch_size": "batch {}",
+         "global_batch_size": "global batch {}", "lr": "lr {:g}", "momentum": "momentum {:g}",
+         "weight_decay": "wd {:g}", "train_samples": "{} samples", "test_samples": "{} tested",
+         "warmup_epochs": "warm-up {}", "nesterov": "nesterov", "model": "{}", "dataset": "{}",
+         "optimizer": "{}", "schedule": "{} schedule", "allreduce": "allreduce {}"}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+            if f.default is not dataclasses.MISSING}
 
 
 @dataclasses.dataclass
@@ -104,16 +118,39 @@ def chosen_options(run: Run) -> dict[str, Any]:
             if k not in declared or declared[k].default != v}
 
 
+def _default(run: Run, key: str) -> Any:
+    """The value ``key`` takes when a run does not set it (lr and momentum: per strategy)."""
+    if key in ("lr", "momentum") and run.strategy in STRATEGY_RATES:
+        lr, momentum = STRATEGY_RATES[run.strategy]
+        return lr if key == "lr" else momentum
+    return DEFAULTS.get(key)
+
+
+def _short(key: str, value: Any) -> str:
+    if key in SHORT:
+        try:
+            return SHORT[key].format(value)
+        except (TypeError, ValueError):  # a value of another type than the field's
+            pass
+    return f"{key} {value}"
+
+
 def label_runs(runs: list[Run]) -> None:
-    """Name each run: its strategy, its non-default options, the settings runs differ in."""
+    """Name each run: its strategy, its non-default options, the settings runs differ in.
+
+    A setting is named only where the runs differ in it, and only for the runs that set
+    it away from its default (a learning rate or momentum at the strategy's default is
+    not named), in the short form of :data:`SHORT`: ``sync``, ``sync (50 us, 1 Gb/s)``,
+    ``daso (warmup_epochs=1)``. Runs left with the same label are numbered.
+    """
     keys = sorted({k for r in runs for k in r.config} -
                   {*NOT_SETTINGS, "strategy", "options"})
     differing = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True)
                                          for r in runs}) > 1]
     for run in runs:
         parts = [f"{k}={v}" for k, v in chosen_options(run).items()]
-        parts += [f"{k} {run.config.get(k)}" for k in differing
-                  if run.config.get(k) is not None]
+        parts += [_short(k, run.config.get(k)) for k in differing
+                  if run.config.get(k) not in (None, _default(run, k))]
         run.label = run.strategy + (f" ({', '.join(parts)})" if parts else "")
     seen: dict[str, int] = {}
     for run in runs:  # the same settings twice (repeated runs): number them

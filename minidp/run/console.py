@@ -1,7 +1,13 @@
 """What a training job prints while it runs: the progress bar, epochs, the --explain transcript.
 
-* :class:`Progress`: rank 0's (the first worker's) ``tqdm`` bar for the epoch (steps/s,
-  loss, ETA), only on a terminal and without ``--no-progress``; one line per epoch.
+* :class:`Progress`: the first worker's progress within an epoch, without
+  ``--no-progress``: a ``tqdm`` bar (steps/s, loss, ETA) when its own standard error is
+  a terminal; under ``mpiexec``, whose launcher pipes every rank's output, a line at
+  most every :data:`LINE_SECONDS` seconds (step, mean loss, steps/s, ETA) when the
+  launcher's standard error is a terminal (:func:`launcher_at_terminal`); nothing in
+  a batch job or CI, whose output goes to files and pipes. ``MINIDP_PROGRESS`` and
+  ``MINIDP_PROGRESS_SECONDS`` override the choice and the interval. Rank 0 prints one
+  line per epoch.
 * :class:`Explainer`: ``--explain N`` (or ``MINIDP_EXPLAIN=N``) prints, for this rank's
   first N steps, every communication it makes, in order, as the tracer records it:
   level, operation, peers, bytes, time. Rank 0 first prints the strategy's docstring,
@@ -13,8 +19,10 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import sys
+import time
 from typing import Any
 
 from tqdm import tqdm
@@ -25,25 +33,146 @@ COMMUNICATION = ("comm_intra", "comm_inter", "wait")
 FLAT = ("mpi", "ring", "recursive_doubling", "iallreduce")  # ops over every rank at once
 
 
+MODES = ("auto", "bar", "lines", "off")
+LINE_SECONDS = 2.0  # lines under mpiexec: a few seconds apart, never a flood
+# Set by a launcher in its ranks' environment (MPICH's Hydra, Open MPI, Slurm's srun).
+LAUNCHER_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+LAUNCHER_DEPTH = 2  # rank <- MPICH's hydra_pmi_proxy (Open MPI's prted) <- mpiexec
+
+
+def _parent(pid: int) -> int:
+    """The parent of process ``pid`` (0 where /proc does not say)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _terminal_of(pid: int) -> str | None:
+    """The terminal device that process ``pid``'s standard error is, or None."""
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/2")
+    except OSError:
+        return None
+    return target if target.startswith(("/dev/pts/", "/dev/tty")) else None
+
+
+def launcher_at_terminal() -> str | None:
+    """The terminal of this rank's launcher (``mpiexec``) when it writes to one, else None.
+
+    A launcher forwards its ranks' output through pipes, so a rank's own stderr is never
+    a terminal under ``mpiexec``; whether the user watches is a property of the
+    launcher's stderr. Only a rank that a launcher started (its variables are set) looks,
+    and only :data:`LAUNCHER_DEPTH` processes up, so a job that a program starts with
+    pipes (a test, ``minidp compare``) stays quiet even when that program runs in a
+    terminal. Linux's /proc; elsewhere None.
+    """
+    if not any(v in os.environ for v in LAUNCHER_VARIABLES):
+        return None
+    pid = os.getpid()
+    for _ in range(LAUNCHER_DEPTH):
+        pid = _parent(pid)
+        if pid <= 1:
+            return None
+        terminal = _terminal_of(pid)
+        if terminal:
+            return terminal
+    return None
+
+
+def progress_mode(enabled: bool) -> str:
+    """``bar``, ``lines`` or ``off``: the flag, ``MINIDP_PROGRESS``, then where stderr goes."""
+    chosen = os.environ.get("MINIDP_PROGRESS", "auto").strip() or "auto"
+    if chosen not in MODES:
+        raise ValueError(f"MINIDP_PROGRESS: got {chosen!r}, allowed: {', '.join(MODES)} "
+                         "(auto: a bar on a terminal, lines when mpiexec writes to one, "
+                         "else nothing)")
+    if not enabled or chosen == "off":
+        return "off"
+    if chosen != "auto":
+        return chosen
+    if sys.stderr.isatty():
+        return "bar"
+    return "lines" if launcher_at_terminal() else "off"
+
+
+def line_seconds() -> float:
+    """Seconds between progress lines: ``MINIDP_PROGRESS_SECONDS``, else :data:`LINE_SECONDS`."""
+    text = os.environ.get("MINIDP_PROGRESS_SECONDS", "").strip()
+    if not text:
+        return LINE_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise ValueError(f"MINIDP_PROGRESS_SECONDS: got {text!r}, allowed: a finite number of "
+                         "seconds >= 0 (between two progress lines)")
+    return seconds
+
+
 class Progress:
-    """A tqdm bar per epoch on the first worker's terminal; the epoch lines on rank 0."""
+    """The first worker's progress within each epoch; the epoch lines on rank 0.
+
+    Args:
+        rank: this rank.
+        first_worker: the rank that shows progress (a server takes no steps).
+        enabled: False with ``--no-progress``.
+        epochs: the run's epochs.
+        batches: a worker's batches per epoch (asynchronous workers may take more).
+    """
 
     def __init__(self, rank: int, first_worker: int, enabled: bool, epochs: int,
                  batches: int) -> None:
         self.epochs, self.batches = epochs, batches
-        self.shown = enabled and rank == first_worker and sys.stderr.isatty()
+        mode = progress_mode(enabled)
+        self.every = line_seconds()
+        self.mode = mode if rank == first_worker else "off"
         self.bar: tqdm | None = None
+        self.epoch, self.first, self.loss_sum = -1, 0, 0.0  # lines: the epoch so far
+        self.started = 0.0
+        self.last_line: float | None = None  # the run's first step starts the interval
 
     def step(self, epoch: int, steps: int, loss: float) -> None:
-        """One step done: advance the bar (started at an epoch's first step)."""
-        if not self.shown:
-            return
+        """One step done (``steps`` of the epoch so far, its loss): the bar or a line."""
+        if self.mode == "bar":
+            self._bar(epoch, steps, loss)
+        elif self.mode == "lines":
+            self._line(epoch, steps, loss)
+
+    def _bar(self, epoch: int, steps: int, loss: float) -> None:
         if self.bar is None:
             self.bar = tqdm(total=self.batches, desc=f"epoch {epoch + 1}/{self.epochs}",
                             unit="step", leave=False, dynamic_ncols=True, file=sys.stderr)
         self.bar.update(1)
         if steps % 10 == 1:  # tqdm redraws at most ~10 times a second anyway
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+
+    def _line(self, epoch: int, steps: int, loss: float) -> None:
+        now = time.perf_counter()
+        if self.last_line is None:
+            self.last_line = now
+        if epoch != self.epoch:  # the epoch's first step: its rate is timed from here
+            self.epoch, self.loss_sum, self.first, self.started = epoch, loss, steps, now
+            return
+        self.loss_sum += loss
+        # The interval runs on across epochs: epochs shorter than it still show a line
+        # now and then, never more often than every `every` seconds.
+        if now - self.last_line < self.every:
+            return
+        self.last_line = now
+        done = steps - self.first  # steps timed since the epoch's first one
+        rate = done / max(now - self.started, 1e-9)
+        where, eta = f"step {steps}", ""
+        if steps <= self.batches:  # an asynchronous worker may take more than its share
+            where = f"step {steps}/{self.batches} ({steps / self.batches:.0%})"
+            eta = f", ETA {(self.batches - steps) / rate:.1f} s" if rate > 0 else ""
+        # One write per line: the launcher forwards it whole, between other ranks' lines.
+        sys.stderr.write(f"epoch {epoch + 1}/{self.epochs}: {where}, loss "
+                         f"{self.loss_sum / (done + 1):.4f} (epoch mean), {rate:.1f} "
+                         f"steps/s{eta}\n")
+        sys.stderr.flush()
 
     def epoch_done(self, m: dict[str, Any]) -> None:
         """Close the bar; rank 0 prints the epoch's line."""

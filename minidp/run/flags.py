@@ -23,14 +23,19 @@ from minidp.comm import ALLREDUCE_ALGORITHMS
 from minidp.io.datasets import DATASETS
 from minidp.layers import MODELS
 from minidp.run import faults
-from minidp.run.config import FIELDS, TrainConfig, check_type, flag_name
+from minidp.run.config import BATCH_SIZE, FIELDS, TrainConfig, check_type, flag_name
 from minidp.strategies import names, strategy_class
 
 HELP = {
     "model": f"one of {', '.join(MODELS)}", "dataset": f"one of {', '.join(DATASETS)}",
     "strategy": ", ".join(names()),
-    "batch_size": "samples per worker per step (default 64)",
+    "batch_size": f"samples per worker per step (default {BATCH_SIZE})",
+    "lr": "learning rate (default: the strategy's, docs/configuration.md)",
+    "momentum": "momentum (default: the strategy's, docs/configuration.md)",
     "global_batch_size": "samples per step over all workers (instead of --batch-size)",
+    "epochs": "passes over the training set", "seed": "initial weights, data order, dropout",
+    "weight_decay": "L2 penalty added to the gradients",
+    "trust_coefficient": "LARS's trust coefficient (eta)",
     "optimizer": "sgd or lars", "schedule": "constant, cosine, step or poly (per step)",
     "warmup_epochs": "linear learning-rate warm-up", "ranks_per_node": "virtual nodes of "
     "this many consecutive ranks (default: the real shared-memory nodes)",
@@ -113,7 +118,8 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "else start (for requeued batch jobs)")
     add("--overwrite", action="store_true", **opt,
         help="clear the run files of an --out that holds another run, then start")
-    add("--no-progress", dest="progress", action="store_false", **opt, help="no progress bar")
+    add("--no-progress", dest="progress", action="store_false", **opt,
+        help="no progress within epochs (bar or lines, docs/configuration.md)")
     add("--no-verify", dest="verify", action="store_false", **opt,
         help="skip the dataset files' checksum check at start (one read of each file)")
     add("--set", action="append", default=[], metavar="STRATEGY.OPTION=VALUE",

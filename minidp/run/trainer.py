@@ -46,6 +46,7 @@ from minidp.comm import (
     versions,
     world_max,
 )
+from minidp.comm.network import COUNTED
 from minidp.io.training_data import open_training_data
 from minidp.optim import LRScheduler
 from minidp.run import faults, rundir
@@ -57,7 +58,7 @@ from minidp.run.replica import replica_for
 from minidp.run.stopping import Stopped, StopSignal
 from minidp.trace import PHASES, Tracer, set_tracer
 
-COUNTERS = ("bytes_intra", "bytes_inter", "messages_intra", "messages_inter")
+COUNTERS = tuple(f"{kind}_{c}" for kind in ("bytes", "messages") for c in COUNTED)
 
 
 class Trainer:
@@ -354,9 +355,8 @@ class Trainer:
             "threads_per_rank": threads.threads_per_rank(),
             "final": {k: last.get(k) for k in ("epoch", "train_loss", "test_loss",
                                                "test_accuracy")},
-            "bytes_sent": {"intra": totals["bytes_intra"], "inter": totals["bytes_inter"]},
-            "messages_sent": {"intra": totals["messages_intra"],
-                              "inter": totals["messages_inter"]},
+            "bytes_sent": {k: totals[f"bytes_{k}"] for k in COUNTED},
+            "messages_sent": {k: totals[f"messages_{k}"] for k in COUNTED},
             "wall_s": self.record.totals["elapsed_s"],
             "epochs": self.record.history,
         }

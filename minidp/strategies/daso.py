@@ -10,6 +10,7 @@ it out. Deviations are listed in docs/daso.md.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from typing import Any
 
@@ -131,9 +132,22 @@ class DASO(Strategy):
 
     def plan(self, total_epochs: int, base_batch: int = 1,
              lr_schedule: Schedule | None = None) -> None:
-        """Known total epochs place the cool-down (Heat needs them too)."""
+        """Known total epochs place the cool-down (Heat needs them too).
+
+        Rank 0 warns, in one line, when no epoch is left between warm-up and cool-down:
+        the run then averages every batch, blocking, as ``sync`` does.
+        """
         super().plan(total_epochs, base_batch, lr_schedule)
         self.schedule = DASOSchedule(total_epochs=total_epochs, **self._schedule_options())
+        warm, cool = self.config["warmup_epochs"], self.config["cooldown_epochs"]
+        if self.topology.rank == 0 and not 1 <= warm < total_epochs - cool:
+            shorter = ", or --set daso.warmup_epochs=1 --set daso.cooldown_epochs=1" \
+                if total_epochs >= 3 else ""
+            print(f"warning: daso: --epochs {total_epochs} leaves no cycling epoch between "
+                  f"daso.warmup_epochs={warm} and daso.cooldown_epochs={cool} "
+                  f"({'0 never cycles, as in Heat; ' if warm == 0 else ''}(B, S, L) stays "
+                  "(0, 0, 0): every batch a blocking average, as sync): give --epochs "
+                  f"{max(warm, 1) + cool + 1} or more{shorter}", file=sys.stderr, flush=True)
 
     def begin_epoch(self, epoch: int, batches: int) -> None:
         """Hand this epoch's (B, S, L) and length to the batch schedule."""

@@ -45,6 +45,26 @@ def test_inter_node_allreduce_takes_at_least_the_modelled_time(algorithm):
     np.testing.assert_array_equal(buf, world.size)
 
 
+@pytest.mark.parametrize("ranks_per_node", [1, 2, world.size])
+def test_mpis_allreduce_is_counted_by_nodes_where_they_decide_it(ranks_per_node):
+    """One node: intra; a rank per node: inter; nodes of several ranks: MPI's own counter."""
+    if world.size % ranks_per_node:
+        pytest.skip(f"{ranks_per_node} ranks per node do not divide {world.size} ranks")
+    topology = Topology(ranks_per_node=ranks_per_node)
+    buf = np.ones(N, np.float32)
+    _, tracer = timed(buf, topology, "mpi")
+    nodes = world.size // ranks_per_node
+    where = "intra" if nodes == 1 else "inter" if ranks_per_node == 1 else "mpi"
+    # MPI's allreduce is charged as a ring: 2(N-1) messages of 1/N of the buffer each
+    sent = {"bytes": 2 * (world.size - 1) * buf.nbytes // world.size,
+            "messages": 2 * (world.size - 1)}
+    for counter in ("intra", "inter", "mpi"):
+        for kind in ("bytes", "messages"):
+            expected = sent[kind] if counter == where else 0
+            assert tracer.counters[f"{kind}_{counter}"] == expected, (counter, kind)
+    np.testing.assert_array_equal(buf, world.size)
+
+
 @pytest.mark.skipif(world.size < 4, reason="needs 2 nodes of 2")
 def test_hierarchical_charges_only_the_rails_slice():
     topology = Topology(ranks_per_node=2)

@@ -15,9 +15,9 @@ def parse(argv):
 
 def test_defaults_flags_and_set():
     c = parse(["--strategy", "daso", "--epochs", "3", "--set", "daso.max_global_skips=4"])
-    assert (c.strategy, c.epochs, c.lr, c.reader) == ("daso", 3, 0.05, "mpiio")
+    assert (c.strategy, c.epochs, c.lr, c.reader) == ("daso", 3, 0.02, "mpiio")
     assert c.options["max_global_skips"] == 4 and c.options["warmup_epochs"] == 4
-    assert c.per_worker_batch(4) == 64
+    assert c.per_worker_batch(4) == 32
 
 
 def test_toml_file_with_flags_overriding(tmp_path):

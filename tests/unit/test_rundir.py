@@ -119,7 +119,7 @@ def test_pruning_follows_write_order_not_epoch_numbers(tmp_path):
 
 
 def resumable(**now):
-    saved = dataclasses.asdict(TrainConfig(batch_size=16, epochs=4))
+    saved = dataclasses.asdict(TrainConfig(batch_size=16, epochs=4).check())
     return {"epoch": 2, "world_size": 2, "config": saved}, dict(saved, **now)
 
 
@@ -129,7 +129,7 @@ def test_resume_lists_every_difference_with_both_values():
         checkpoint.check_resumable(meta, now, 2, "ck")
     assert str(info.value) == ("--resume: cannot continue checkpoint 'ck': sync.k: checkpoint "
                                "'(unset)', now 2; --batch-size: checkpoint 16, now 32; --lr: "
-                               "checkpoint 0.05, now 0.1")
+                               "checkpoint 0.02, now 0.1")
 
 
 @pytest.mark.parametrize("now, world, message", [

@@ -181,16 +181,18 @@ class AllreduceRequest(abc.ABC):
         """
 
     def communication(self, level: str, operation: str, started_operation: str,
-                      messages: int, nbytes: float) -> contextlib.AbstractContextManager[None]:
+                      messages: int, nbytes: float, counted: str | None = None
+                      ) -> contextlib.AbstractContextManager[None]:
         """Charge the part of the operation that may run in the background of the caller.
 
         Blocking: charged as ``operation``, its phase spanning the waits yielded inside
         (the start and wait() follow each other at once). Started: counted now as
-        ``started_operation``; ``wait()`` times the rest.
+        ``started_operation``; ``wait()`` times the rest. ``counted``: the byte counter
+        when not the level's (:func:`~minidp.comm.network.charged`).
         """
         if not self.started:
-            return charged(level, operation, messages, nbytes)
-        self.pending = Pending(level, started_operation, messages, nbytes)
+            return charged(level, operation, messages, nbytes, counted)
+        self.pending = Pending(level, started_operation, messages, nbytes, counted)
         return _UNTIMED
 
     def test(self) -> bool:
@@ -244,4 +246,9 @@ class FlatAllreduce(AllreduceRequest):
         """The whole exchange as one charged operation at the world's level."""
         return self.communication("inter" if self.topology.num_nodes > 1 else "intra",
                                   self.name, self.started_name,
-                                  *self.traffic(self.topology.size, self.array.nbytes))
+                                  *self.traffic(self.topology.size, self.array.nbytes),
+                                  self.counted())
+
+    def counted(self) -> str | None:
+        """The counter of its bytes when not the level's (None: the level's)."""
+        return None

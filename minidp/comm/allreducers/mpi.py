@@ -4,10 +4,17 @@ Short on purpose: the algorithm is MPI's. What minidp adds is the guard (the req
 completed by a timed wait, so a rank that never arrives is named instead of hanging the
 job) and the accounting: charged as a ring over the world's ranks, 2(N-1) messages and
 2(N-1)/N of the bytes per rank (MPICH's choice for large buffers).
+
+Where those bytes travel is MPI's choice, made inside the library by message size,
+communicator and MPI's own idea of the nodes (one machine, for minidp's virtual
+nodes), so minidp counts them by the ranks' nodes only where the nodes decide it: all
+on one node, intra-node; every rank alone on its node, inter-node; otherwise under
+``mpi``, a counter of their own, "MPI's algorithm, cannot be split" (docs/reporting.md).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from mpi4py import MPI
@@ -28,6 +35,13 @@ class MPIAllreduce(FlatAllreduce):
     name = "mpi"
     started_name = "iallreduce"
     traffic = staticmethod(ring_traffic)
+
+    def counted(self) -> str:
+        """``intra``, ``inter``, or ``mpi`` where nodes hold several ranks and are several."""
+        per_node = Counter(self.topology.nodes_of_ranks)
+        if len(per_node) == 1:
+            return "intra"
+        return "inter" if max(per_node.values()) == 1 else "mpi"
 
     def communicate(self) -> Iterator[Waiting]:
         """One request: MPI's own."""

@@ -1,0 +1,51 @@
+"""Defaults that train: every strategy, with nothing but ``--strategy``, learns on mnist-5k.
+
+One 4-rank job (2 virtual nodes x 2) runs each strategy for 3 epochs with the command
+line's defaults (tests/scripts/strategy_defaults.py) on the 5,000 MNIST digits that
+``make demo`` falls back to; each must raise its test accuracy every epoch. ``hsgd`` runs
+the 5 epochs of ``make demo`` (LeNet-5, 4 ranks as 2 x 2, the same defaults) and must
+reach the 85% the demo promises.
+"""
+
+import json
+import os
+
+from spmd import ROOT, run_spmd
+
+from minidp.run.config import STRATEGY_RATES, TrainConfig
+from minidp.strategies import names
+
+DEMO = "hsgd"
+DEMO_EPOCHS = 5
+
+
+def test_every_strategy_has_default_rates():
+    assert set(STRATEGY_RATES) == set(names())
+    for strategy in names():
+        c = TrainConfig(strategy=strategy).check()
+        assert (c.lr, c.momentum) == STRATEGY_RATES[strategy]
+    assert TrainConfig(strategy="asgd", lr=0.3, momentum=0.5).check().lr == 0.3  # given wins
+
+
+def test_every_strategy_improves_every_epoch_with_the_defaults(tmp_path):
+    runs = [f"{s} {DEMO_EPOCHS if s == DEMO else 3}" for s in names()]
+    launch = run_spmd([os.path.join(ROOT, "tests", "scripts", "strategy_defaults.py"),
+                       str(tmp_path), *runs], 4, timeout=300,
+                      env={"MINIDP_NUM_THREADS": "1"})
+    assert launch.returncode == 0 and not launch.killed, launch.output[-6000:]
+    results = {r["strategy"]: r for r in (json.loads(line) for line in
+                                          launch.output.splitlines() if line.startswith("{"))}
+    assert set(results) == set(names())
+    for strategy, r in results.items():
+        accuracy = r["accuracy"]
+        assert r["batch_size"] == 32, r
+        assert accuracy[0] > 0.1, r  # above chance after the first epoch
+        assert all(b > a for a, b in zip(accuracy[:3], accuracy[1:3])), r
+    assert results[DEMO]["accuracy"][-1] >= 0.85, results[DEMO]
+    # DASO's defaults (Heat's 4 warm-up and 4 cool-down epochs) leave 3 epochs no cycle
+    warnings = [line for line in launch.output.splitlines() if "warning: daso" in line]
+    assert warnings == [
+        "warning: daso: --epochs 3 leaves no cycling epoch between daso.warmup_epochs=4 and "
+        "daso.cooldown_epochs=4 ((B, S, L) stays (0, 0, 0): every batch a blocking average, "
+        "as sync): give --epochs 9 or more, or --set daso.warmup_epochs=1 --set "
+        "daso.cooldown_epochs=1"]
