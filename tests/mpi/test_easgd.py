@@ -104,11 +104,12 @@ def test_centre_plus_workers_changes_only_by_the_gradient_steps(name, options,
 
     def record(s, before):
         g = s.flat.grad.copy()
-        if delta:  # the worker's own Nesterov step, from the same recurrence
-            buf = momentum.get("v", np.zeros_like(g)) * delta + g
-            momentum["v"] = buf
-            g = g + delta * buf
-        total["steps"] = total.get("steps", 0) + LR * g
+        if delta:  # EAMSGD (Zhang et al. Alg. 2): x moves by v = delta v - lr g besides the pull
+            v = momentum.get("v", np.zeros_like(g)) * delta - LR * g
+            momentum["v"] = v
+            total["steps"] = total.get("steps", 0) - v
+        else:
+            total["steps"] = total.get("steps", 0) + LR * g
 
     centre, stats, s, x0 = drive(name, topo, on_step=record, **options)
     centres = topo.num_nodes if name == "easgd-hogwild" else 1
