@@ -222,6 +222,57 @@ def test_measgd_with_delta_zero_is_easgd_async_in_the_same_order():
     assert np.abs(moving - plain).max() > 1e-6  # delta 0.9 is another run
 
 
+def eamsgd_by_hand(steps, eta=0.1, alpha=0.2, delta=0.9):
+    """Zhang, Choromanska, LeCun 2015, Algorithm 2 on f(x) = x^2/2 (g(x) = x), one worker,
+    tau = 1, x_0 = 1, v_0 = 0, centre 0: (look-ahead points, iterates, centres)."""
+    x, v, centre = 1.0, 0.0, 0.0
+    looks, iterates, centres = [], [], []
+    for _ in range(steps):
+        d = alpha * (x - centre)  # at x, not at the look-ahead
+        centre += d
+        y = x + delta * v
+        looks.append(y)
+        v = delta * v - eta * y
+        x = x - d + v
+        iterates.append(x)
+        centres.append(centre)
+    return looks, iterates, centres
+
+
+def test_measgd_is_eamsgd_on_a_scalar_quadratic():
+    if world.size < 2:
+        pytest.skip("needs a master and a worker: 2 ranks or more")
+    topo = topology(2, 1)
+    if topo is None:
+        world.Barrier()
+        return
+    looks, iterates, centres = eamsgd_by_hand(3)
+    # by hand: d = 0.2, v = -0.1, x = 1 - 0.2 - 0.1 = 0.7, y = 0.7 - 0.09 = 0.61; then
+    # d = 0.2 (0.7 - 0.2) = 0.1, v = -0.09 - 0.061 = -0.151, x = 0.449, y = 0.3131; ...
+    np.testing.assert_allclose(looks, [1.0, 0.61, 0.3131], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(iterates, [0.7, 0.449, 0.25199], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(centres, [0.2, 0.3, 0.3298], rtol=0, atol=1e-12)
+    s = build("measgd-async", topo, alpha=0.2, delta=0.9, order="round_robin")
+    s.optimizer.lr = 0.1
+    s.flat.data[...] = 0.0 if topo.role == "server" else 1.0  # centre 0, worker at 1
+    s.plan(1, BASE)
+    s.begin_epoch(0, 3)
+    if topo.role == "server":
+        s.serve()
+        np.testing.assert_allclose(s.centre, centres[-1], rtol=0, atol=1e-14)
+    else:
+        seen, after = [], []
+        while s.batch_size(BASE):
+            seen.append(s.flat.data.copy())  # where the gradient is taken
+            s.flat.grad[...] = s.flat.data  # the quadratic's gradient there
+            s.step(len(after))
+            after.append(s.flat.data.copy())
+        for t in range(3):  # every coordinate follows the scalar recurrence
+            np.testing.assert_allclose(seen[t], looks[t], rtol=0, atol=1e-14)
+            np.testing.assert_allclose(after[t], iterates[t], rtol=0, atol=1e-14)
+    world.Barrier()
+
+
 @pytest.mark.parametrize("name", ["easgd-sync", "easgd-rr"])
 def test_sync_and_round_robin_runs_repeat_bit_for_bit(name):
     topo = topology_for(name)
