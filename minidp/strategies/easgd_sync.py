@@ -1,8 +1,11 @@
 """``easgd-sync``: SC17's Sync EASGD, every worker and the centre updated from the same step.
 
-You, Buluc, Demmel, SC17, section 6 (as summarised in ``shared/notes/ALGORITHMS.md``
-section 7.2): the deterministic redesign of EASGD, with the workers' sum moved by a
-tree reduction instead of P point-to-point exchanges with the master.
+You, Buluc, Demmel, "Scaling Deep Learning on GPU and Knights Landing clusters", SC17
+(arXiv 1708.02983): "Original EASGD used round-robin method for communication and
+updating ... which is inefficient on HPC clusters"; Sync EASGD is their deterministic
+redesign, here with the workers' sum moved to the master by a binomial tree and the
+new centre sent back by one, log2 P rounds each, instead of P point-to-point exchanges
+with the master (docs/easgd.md says what of the paper was read).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from minidp.comm import Topology, broadcast, p2p
+from minidp.comm import Topology, p2p
 from minidp.strategies.base import Option
 from minidp.strategies.easgd import TAG_CENTRE, ElasticAveraging
 from minidp.trace import tracer
@@ -73,27 +76,53 @@ def tree_sum(buffer: np.ndarray, scratch: np.ndarray, topology: Topology, everyw
         p2p.send(buffer, r + 1, TAG_RESULT, topology, "sum")
 
 
+def tree_broadcast(buffer: np.ndarray, topology: Topology, what: str = "centre") -> None:
+    """Copy rank 0's ``buffer`` to every rank by a binomial tree (MPICH's ``Bcast`` shape).
+
+    Rank r > 0 receives from r minus its lowest set bit, then every rank sends to
+    r + m for m = the powers of two below that bit (rank 0: below p), largest first::
+
+        p = 4:  round 1: 0 -> 2;   round 2: 0 -> 1, 2 -> 3
+
+    ceil(log2 p) rounds; rank 0 sends ceil(log2 p) messages instead of p - 1; every
+    message goes through ``comm.p2p`` (timed, named, counted, charged to its sender).
+    """
+    p, r = topology.size, topology.rank
+    mask = 1
+    while mask < p:
+        if r & mask:
+            p2p.recv(buffer, r - mask, TAG_CENTRE, topology, what)
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask:
+        if r + mask < p:
+            p2p.send(buffer, r + mask, TAG_CENTRE, topology, what)
+        mask >>= 1
+
+
 class ElasticSync(ElasticAveraging):
     """Sync EASGD: all workers and the centre move together, from the same time step.
 
-    Every rank is a worker; rank 0 is also the master that holds the centre x~. At an
-    exchange step t (every ``tau`` steps), with p workers::
+    Every rank is a worker; rank 0 is also the master that holds the centre x~, and
+    every rank keeps a copy of it. At an exchange step t (every ``tau`` steps), with p
+    workers::
 
-        1. worker i computes g^i at x^i_t                      | overlapped with 2
-        2. mode=reduce: rank 0 broadcasts x~_t: it posts isend(x~) to every rank
-           before the gradient, the others irecv; all wait after backward
-        3. sum_i x^i_t to rank 0 by a binomial tree reduce (``tree_sum``: log2 p
+        1. worker i computes g^i at x^i_t                        (no communication)
+        2. sum_i x^i_t to rank 0 by a binomial tree reduce (``tree_sum``: log2 p
            rounds; a rank waits for its children, then sends to its parent)
-        4. worker i: x^i <- x^i - lr g^i - alpha (x^i_t - x~_t)
-        5. rank 0:   x~ <- x~ + beta (sum / p - x~_t)
+        3. worker i: x^i <- x^i - lr g^i - alpha (x^i_t - x~_t)   (its copy of x~_t)
+        4. rank 0:   x~ <- x~ + beta (sum / p - x~_t)
+        5. rank 0 sends the new x~ down a binomial tree (``tree_broadcast``: log2 p
+           rounds); every copy is then x~_{t+1}, the centre of the next exchange
 
-    ``mode=allreduce``: every rank keeps a replica of x~; steps 2 and 3 become one
-    allreduce of sum_i x^i (recursive doubling with the same partial sums as the
-    tree), and every rank applies 5 to its replica. The two modes agree bit for bit.
-    Workers wait for each other in 3 (as in ``sync``); nothing is asynchronous, so runs
-    are reproducible bit for bit. With ``beta = p alpha`` (the default) the elastic
-    terms cancel in x~ + sum_i x^i. Steps without an exchange are local SGD steps.
-    One rank: EASGD with one worker (x~ follows x at rate beta).
+    ``mode=allreduce``: steps 2 and 5 become one allreduce of sum_i x^i (recursive
+    doubling with the same partial sums as the tree) and every rank applies 4 to its
+    own copy. The two modes agree bit for bit. Workers wait for each other in 2 and 5
+    (as in ``sync``); nothing is asynchronous, so runs are reproducible bit for bit.
+    With ``beta = p alpha`` (the default) the elastic terms cancel in x~ + sum_i x^i.
+    Steps without an exchange are local SGD steps. One rank: EASGD with one worker
+    (x~ follows x at rate beta).
     """
 
     name = "easgd-sync"
@@ -101,8 +130,8 @@ class ElasticSync(ElasticAveraging):
         ElasticAveraging.options,
         beta=Option(-1.0, float, "the centre's rate in [0, 2), or -1: workers x alpha",
                     lambda v: v == -1 or 0 <= v < 2),
-        mode=Option("reduce", str, "reduce (tree reduce to rank 0, centre broadcast from "
-                    "it) or allreduce (a centre replica on every rank)", lambda v: v in MODES))
+        mode=Option("reduce", str, "reduce (tree reduce to rank 0, the centre back down a "
+                    "tree) or allreduce (every rank updates its copy)", lambda v: v in MODES))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -115,65 +144,45 @@ class ElasticSync(ElasticAveraging):
                              "shrinks by |1 - alpha - beta| per exchange); lower alpha or "
                              "set easgd-sync.beta")
         self.replicated = self.config["mode"] == "allreduce"
-        self.holds_centre = self.replicated or t.rank == 0
+        self.updates_centre = self.replicated or t.rank == 0
         self.centre = self.flat.data.copy()  # x_0 on every rank after the broadcast
         self.total = np.empty_like(self.flat.data)
         self.scratch = np.empty_like(self.flat.data)
-        self.requests: list[p2p.PeerRequest] = []
-
-    def batch_size(self, base: int) -> int:
-        """At an exchange step (mode=reduce), post the centre's broadcast before computing."""
-        size = super().batch_size(base)
-        t = self.topology
-        if size and not self.replicated and self.exchanging() and t.size > 1:
-            if t.rank == 0:
-                self.requests = [p2p.isend(self.centre, r, TAG_CENTRE, t, "centre")
-                                 for r in range(1, t.size)]
-            else:
-                self.requests = [p2p.irecv(self.centre, 0, TAG_CENTRE, t, "centre")]
-        return size
 
     def step(self, batch: int) -> None:
-        """Finish the broadcast, sum the workers, update workers and centre from step t."""
+        """Sum the workers, update workers and centre from step t, send the centre out."""
         if not self.exchanging():
             self.local_update(None)
             self.steps += 1
             return
-        for request in self.requests:
-            request.wait()  # rank 0: its sends are done before x~ changes
-        self.requests = []
         np.copyto(self.total, self.flat.data)
         tree_sum(self.total, self.scratch, self.topology, everywhere=self.replicated)
         self.local_update(self.centre)
-        if self.holds_centre:
+        if self.updates_centre:
             with tracer().phase("optimizer"):
                 self.total /= self.topology.size
                 self.total -= self.centre
                 self.total *= self.beta
                 self.centre += self.total
+        if not self.replicated and self.topology.size > 1:
+            tree_broadcast(self.centre, self.topology)
         self.steps += 1
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
         """Refuse a centre that is not finite (naming the rank and the epoch)."""
-        if self.holds_centre and not np.all(np.isfinite(self.centre)):
+        if self.updates_centre and not np.all(np.isfinite(self.centre)):
             raise FloatingPointError(f"rank {self.topology.rank}: the centre is not finite "
                                      f"after epoch {epoch + 1}; lower --lr or alpha")
 
     def consensus(self) -> np.ndarray:
-        """The centre: rank 0's, broadcast (mode=reduce), or this rank's replica."""
-        if not self.replicated:
-            broadcast(self.centre, self.topology, 0, "centre parameters")
+        """The centre: every rank's copy is the same after each exchange."""
         return self.centre
 
     def state_dict(self) -> dict[str, Any]:
-        """Steps and, where this rank holds it, the centre (not among the params)."""
-        state = super().state_dict()
-        if self.holds_centre:
-            state["centre"] = self.encode(self.centre)
-        return state
+        """Steps and the centre (not among the params)."""
+        return dict(super().state_dict(), centre=self.encode(self.centre))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         super().load_state_dict(state)
-        if self.holds_centre:
-            self.decode(state["centre"], self.centre)
+        self.decode(state["centre"], self.centre)

@@ -16,9 +16,9 @@ from strategy_runs import sub_topology as topology
 
 from minidp import Tensor, layers
 from minidp import functional as F
-from minidp.comm import guard, p2p
+from minidp.comm import guard
 from minidp.optim import SGD
-from minidp.strategies.easgd import TAG_CENTRE
+from minidp.trace import tracer
 
 world = MPI.COMM_WORLD
 BASE, LR = 4, 0.1
@@ -209,6 +209,32 @@ def test_sync_reduce_and_broadcast_equals_the_allreduce_replicas_bit_for_bit(ran
         assert all(np.array_equal(c, replica) for c in world.allgather(b.centre))
 
 
+def test_sync_sends_the_centre_down_a_tree_log2_p_messages_from_rank_0():
+    topo = topology_for("easgd-sync")
+    counters = tracer().counters
+
+    def sent():
+        return counters["messages_intra"] + counters["messages_inter"]
+
+    def messages(batches):  # sent by this rank in a run of that many exchange steps
+        before = sent()
+        _, _, s, _ = drive("easgd-sync", topo, mode="reduce", epochs=1, batches=batches)
+        return sent() - before, s
+
+    two, _ = messages(2)
+    six, s = messages(6)
+    exchanges = 4  # the difference: what four more steps sent (not the start's broadcast)
+    rounds = (topo.size - 1).bit_length()  # ceil(log2 p)
+    counts = world.allgather(six - two)
+    assert counts[0] == exchanges * rounds  # the root only sends the centre, down a tree
+    # every other rank: one partial sum up, the centre to its children down
+    children = [sum(1 for m in (1, 2, 4, 8) if r + m < topo.size and m < (r & -r))
+                for r in range(topo.size)]
+    assert counts[1:] == [exchanges * (1 + children[r]) for r in range(1, topo.size)]
+    centres = world.allgather(s.centre)
+    assert all(np.array_equal(c, centres[0]) for c in centres)  # one centre everywhere
+
+
 def test_measgd_with_delta_zero_is_easgd_async_in_the_same_order():
     topo = topology_for("measgd-async")
     if topo is None:
@@ -336,18 +362,10 @@ def test_a_silent_worker_is_named_after_the_timeout(name, short_timeout_on_rank_
                     s.step(0)
             error = str(caught.value)
     world.Barrier()
-    if topo is not None and name == "easgd-sync":
-        # Rank 1 takes the centre rank 0 sent it, so nothing stays in flight.
-        if topo.rank == 1:
-            p2p.recv(s.centre, 0, TAG_CENTRE, topo, "late centre")
-        else:
-            for request in s.requests:
-                request.wait()
-    world.Barrier()
     if error is not None:
-        # The sync centre (1.3 kB) goes eagerly: rank 0 then waits in the tree reduce.
+        # easgd-sync: rank 0 waits for rank 1's partial sum in the tree reduce.
         labels = {"easgd-async": ["serve (probe from rank 1)"],
-                  "easgd-sync": ["send centre to rank 1", "recv partial sum from rank 1"]}
+                  "easgd-sync": ["recv partial sum from rank 1"]}
         assert re.match(r"rank 0: '(.+)' waited 1 s \(MINIDP_COMM_TIMEOUT\); ", error)
         assert re.match(r"rank 0: '([^']+)'", error).group(1) in labels[name], error
         assert re.search(r"rank 1: (waiting|last) in '[^']+' #\d+", error)
