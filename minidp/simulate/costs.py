@@ -336,3 +336,77 @@ def daso_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
             finish()  # the rail's ranks meet: one sync point
             spend(cluster.node.shm(2, nbytes, syncs=1) + node_broadcast(cluster, nbytes))
     return Epoch("daso", setting, batches, batches * compute, comm)
+
+
+def _tree(cluster: Cluster, homes: Sequence[int], nbytes: float, reduce: bool) -> float:
+    """Critical path of a binomial tree over the ranks on ``homes`` (easgd-sync's shapes).
+
+    ``reduce``: rank 0 gathers the sum (MPICH's fold of a non-power-of-two world first,
+    then log2 rounds, each adding what it received: one sweep); else rank 0's buffer goes
+    out (ceil(log2 p) rounds). Each round costs its slowest message, a whole buffer.
+    """
+    p = len(homes)
+    if p < 2:
+        return 0.0
+
+    def round_cost(pairs: list[tuple[int, int]]) -> float:
+        crossing = [homes[a] != homes[b] for a, b in pairs]
+        flows = Counter(homes[a] for (a, b), c in zip(pairs, crossing) if c)
+        worst = max(flows.values(), default=1)
+        return cluster.message(nbytes, any(crossing), worst) + \
+            (cluster.node.shm(1, nbytes) if reduce else 0.0)
+
+    if not reduce:
+        rounds = [[(r, r + m) for r in range(0, p, 2 * m) if r + m < p]
+                  for m in reversed([1 << k for k in range((p - 1).bit_length())])]
+        return sum(round_cost(pairs) for pairs in rounds)
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    total = round_cost([(2 * i + 1, 2 * i) for i in range(rem)]) if rem else 0.0
+    real = [2 * i if i < rem else i + rem for i in range(pof2)]
+    for k in range(pof2.bit_length() - 1):
+        m = 1 << k
+        total += round_cost([(real[i + m], real[i]) for i in range(0, pof2, 2 * m)])
+    return total
+
+
+def easgd_sync_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
+                     tau: int, mode: str) -> Epoch:
+    """easgd-sync: every ``tau`` steps, the elastic exchange of every rank at once.
+
+    ``reduce``: the workers' sum to rank 0 by a binomial tree, rank 0 updates the centre,
+    the centre back down a binomial tree; ``allreduce``: recursive doubling of the sum
+    and every rank updates its copy. Plus the worker's and the centre's elastic sweeps
+    (difference, scale, add: three each) and the ranks meeting once.
+    """
+    homes = [r // cluster.node.ranks for r in range(cluster.ranks)]
+    exchanges = -(-batches // tau)
+    if mode == "reduce":
+        moved = _tree(cluster, homes, nbytes, True) + _tree(cluster, homes, nbytes, False)
+    else:
+        moved = flat_allreduce(cluster, homes, "recursive_doubling", nbytes, itemsize)
+    elastic = cluster.node.shm(6, nbytes) + (cluster.node.sync_s if cluster.ranks > 1 else 0)
+    return _epoch("easgd-sync", f"{mode}, tau={tau}", cluster, batches,
+                  exchanges * (moved + elastic))
+
+
+def easgd_rr_epoch(cluster: Cluster, batches: int, nbytes: float, tau: int) -> Epoch:
+    """easgd-rr: the original EASGD, rank 0 a master the N - 1 workers exchange with in turn.
+
+    An exchange of worker i: x^i to the master, the centre back (two whole buffers, across
+    the network unless i shares the master's node) and the master's three sweeps. The
+    master serves one exchange at a time, in rank order, so a round of exchanges lasts
+    their sum; a worker's exchanging step lasts its compute plus its own exchange, or
+    the master's round when that is longer (it waits for its turn). Steps without an
+    exchange are compute only.
+    """
+    g = cluster.node.ranks
+    if cluster.ranks < 2:
+        raise ValueError("easgd-rr: needs a master and a worker: 2 ranks or more")
+    exchange = [2 * cluster.message(nbytes, r // g != 0) + cluster.node.shm(3, nbytes)
+                for r in range(1, cluster.ranks)]
+    compute = cluster.node.compute()
+    step = max(compute + max(exchange), sum(exchange))
+    exchanges = -(-batches // tau)
+    return Epoch("easgd-rr", f"tau={tau}", batches, batches * compute,
+                 exchanges * (step - compute))
