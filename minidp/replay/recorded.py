@@ -35,8 +35,8 @@ WHY_NOT = {
     "hsgd": "synchronous: a run repeats bit for bit", "hbsgd": "synchronous: a run repeats",
     "daso": "synchronous (decided by its schedule): a run repeats bit for bit",
     "easgd-sync": "synchronous (one tree per step): a run repeats bit for bit",
-    "hogwild": "its races are lost writes inside a word-level race, not events",
-    "easgd-hogwild": "its races are lost writes to the shared centre, not events",
+    "hogwild": "lock-free: what it applied depends on races between writes, not recorded",
+    "easgd-hogwild": "lock-free: its centre depends on races between writes, not recorded",
 }
 READERS = ("mpiio", "memory", "strided")
 

@@ -200,8 +200,10 @@ class ServersReplay:
                   s.buf)
         s.version += 1
         self.keep(s)
+        each = strategy == "softsync" and self.options["rule"] == "each"
         parts = [f"worker {a.worker} step {a.step + 1} ({self.where[a.worker, a.step]}): "
-                 f"staleness {a.staleness}" for a in held]
+                 f"staleness {a.staleness}" + (f", x 1/{max(a.staleness, 1)}" if each else "")
+                 for a in held]
         self.updates.append(Update(f"server {s.rank}, version {s.version - 1} -> {s.version}",
                                    parts, rule))
 

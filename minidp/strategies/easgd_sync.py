@@ -76,29 +76,68 @@ def tree_sum(buffer: np.ndarray, scratch: np.ndarray, topology: Topology, everyw
         p2p.send(buffer, r + 1, TAG_RESULT, topology, "sum")
 
 
-def tree_broadcast(buffer: np.ndarray, topology: Topology, what: str = "centre") -> None:
-    """Copy rank 0's ``buffer`` to every rank by a binomial tree (MPICH's ``Bcast`` shape).
+def tree_links(rank: int, size: int) -> tuple[int | None, list[int]]:
+    """(parent, children) of ``rank`` in the binomial tree from rank 0 (MPICH's ``Bcast``).
 
-    Rank r > 0 receives from r minus its lowest set bit, then every rank sends to
-    r + m for m = the powers of two below that bit (rank 0: below p), largest first::
+    Rank r > 0 hears from r minus its lowest set bit and passes on to r + m for the
+    powers of two m below that bit (rank 0: below ``size``), largest first::
 
-        p = 4:  round 1: 0 -> 2;   round 2: 0 -> 1, 2 -> 3
-
-    ceil(log2 p) rounds; rank 0 sends ceil(log2 p) messages instead of p - 1; every
-    message goes through ``comm.p2p`` (timed, named, counted, charged to its sender).
+        size 4:  0 -> 2, 0 -> 1;  2 -> 3      (ceil(log2 size) rounds)
     """
-    p, r = topology.size, topology.rank
-    mask = 1
-    while mask < p:
-        if r & mask:
-            p2p.recv(buffer, r - mask, TAG_CENTRE, topology, what)
-            break
-        mask <<= 1
-    mask >>= 1
-    while mask:
-        if r + mask < p:
-            p2p.send(buffer, r + mask, TAG_CENTRE, topology, what)
-        mask >>= 1
+    low = rank & -rank if rank else 1 << max(size - 1, 0).bit_length()
+    children = [rank + m for m in (1 << k for k in reversed(range(low.bit_length() - 1)))
+                if rank + m < size]
+    return (rank - low if rank else None), children
+
+
+class CentreTree:
+    """The new centre from rank 0 to every rank down the binomial tree, behind the next steps.
+
+    :meth:`post` (every rank, after an exchange step): rank 0 posts ``isend`` to its
+    children; the others post ``irecv`` from their parent. :meth:`take` (every rank,
+    before the next exchange, and at the epoch's end): wait for the parent's copy, then
+    post the sends to the own children. So rank 0's ceil(log2 p) messages travel while
+    every rank computes its next gradients (the network model charges them from the
+    post), and only the forwarding below rank 0's children is left when the exchange
+    comes. Every message goes through ``comm.p2p`` (timed, named, counted, charged).
+
+    Args:
+        centre: every rank's copy of the centre (written only by the receive).
+        topology: the job's ranks.
+    """
+
+    def __init__(self, centre: np.ndarray, topology: Topology) -> None:
+        self.centre, self.topology = centre, topology
+        self.parent, self.children = tree_links(topology.rank, topology.size)
+        self.receiving: p2p.PeerRequest | None = None
+        self.sending: list[p2p.PeerRequest] = []
+
+    def post(self) -> None:
+        """After an exchange: rank 0 sends the new centre; the others await their copy."""
+        self.sent()
+        if self.parent is None:
+            self.forward()
+        else:
+            self.receiving = p2p.irecv(self.centre, self.parent, TAG_CENTRE, self.topology,
+                                       "centre")
+
+    def take(self) -> None:
+        """Wait for the parent's copy of the centre and pass it on to the children."""
+        if self.receiving is not None:
+            self.receiving.wait()
+            self.receiving = None
+            self.forward()
+
+    def forward(self) -> None:
+        """Post the sends of this rank's copy to its children."""
+        self.sending = [p2p.isend(self.centre, child, TAG_CENTRE, self.topology, "centre")
+                        for child in self.children]
+
+    def sent(self) -> None:
+        """Wait until the children have this rank's copy (before it may change)."""
+        for request in self.sending:
+            request.wait()
+        self.sending = []
 
 
 class ElasticSync(ElasticAveraging):
@@ -113,8 +152,9 @@ class ElasticSync(ElasticAveraging):
            rounds; a rank waits for its children, then sends to its parent)
         3. worker i: x^i <- x^i - lr g^i - alpha (x^i_t - x~_t)   (its copy of x~_t)
         4. rank 0:   x~ <- x~ + beta (sum / p - x~_t)
-        5. rank 0 sends the new x~ down a binomial tree (``tree_broadcast``: log2 p
-           rounds); every copy is then x~_{t+1}, the centre of the next exchange
+        5. rank 0 sends the new x~ down a binomial tree (:class:`CentreTree`: log2 p
+           rounds), behind the next steps' gradients; every rank takes its copy,
+           x~_{t+1}, before the next exchange (and at the epoch's end)
 
     ``mode=allreduce``: steps 2 and 5 become one allreduce of sum_i x^i (recursive
     doubling with the same partial sums as the tree) and every rank applies 4 to its
@@ -148,6 +188,7 @@ class ElasticSync(ElasticAveraging):
         self.centre = self.flat.data.copy()  # x_0 on every rank after the broadcast
         self.total = np.empty_like(self.flat.data)
         self.scratch = np.empty_like(self.flat.data)
+        self.tree = None if self.replicated or t.size == 1 else CentreTree(self.centre, t)
 
     def step(self, batch: int) -> None:
         """Sum the workers, update workers and centre from step t, send the centre out."""
@@ -155,27 +196,39 @@ class ElasticSync(ElasticAveraging):
             self.local_update(None)
             self.steps += 1
             return
+        if self.tree is not None:
+            self.tree.take()  # x~_t, sent after the last exchange
         np.copyto(self.total, self.flat.data)
         tree_sum(self.total, self.scratch, self.topology, everywhere=self.replicated)
         self.local_update(self.centre)
+        if self.tree is not None:
+            self.tree.sent()  # the children have x~_t: rank 0 may change it
         if self.updates_centre:
             with tracer().phase("optimizer"):
                 self.total /= self.topology.size
                 self.total -= self.centre
                 self.total *= self.beta
                 self.centre += self.total
-        if not self.replicated and self.topology.size > 1:
-            tree_broadcast(self.centre, self.topology)
+        if self.tree is not None:
+            self.tree.post()
         self.steps += 1
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
-        """Refuse a centre that is not finite (naming the rank and the epoch)."""
+        """Every rank takes the last centre; refuse one that is not finite (rank, epoch)."""
+        self.settle()
         if self.updates_centre and not np.all(np.isfinite(self.centre)):
             raise FloatingPointError(f"rank {self.topology.rank}: the centre is not finite "
                                      f"after epoch {epoch + 1}; lower --lr or alpha")
 
+    def settle(self) -> None:
+        """Collective: the centre in flight down the tree reaches every rank now."""
+        if self.tree is not None:
+            self.tree.take()
+            self.tree.sent()
+
     def consensus(self) -> np.ndarray:
-        """The centre: every rank's copy is the same after each exchange."""
+        """The centre (collective: the copy in flight is taken first), the same everywhere."""
+        self.settle()
         return self.centre
 
     def state_dict(self) -> dict[str, Any]:

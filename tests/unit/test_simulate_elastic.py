@@ -35,27 +35,30 @@ def test_round_robin_serialises_the_workers_exchanges_at_the_master():
     assert easgd_rr_epoch(cluster(8, 1), 10, N, 2).comm_s == pytest.approx(5 * (round_s - 0.010))
 
 
-def test_sync_pays_two_trees_of_log2_p_rounds():
-    # 8 ranks on 8 nodes: 3 rounds up (reduce), 3 down (broadcast), every one across
+def test_sync_pays_the_reduce_and_what_of_the_broadcast_the_next_compute_leaves():
+    m = message()
+    # 8 ranks on 8 nodes: 3 rounds up, every one across. Down: rank 0's 3 sends (25 ms,
+    # one after the other on its link) outlast the 10 ms compute by 15 ms, but the 2
+    # forwarding rounds below its children (17 ms) come after that compute: 2 m left.
     assert easgd_sync_epoch(cluster(8, 1), 10, N, 4, 1, "reduce").comm_s == pytest.approx(
-        10 * 6 * message())
-    # 2 nodes x 4: only the round whose pairs are 4 apart crosses; the others are in the
-    # node (shared memory free here)
+        10 * (3 * m + 2 * m))
+    # 2 nodes x 4: only the round whose pairs are 4 apart crosses (up); down, rank 0's one
+    # crossing send hides behind the compute and the forwarding stays in the nodes
     assert easgd_sync_epoch(cluster(2, 4), 10, N, 4, 1, "reduce").comm_s == pytest.approx(
-        10 * 2 * message())
-    # 3 ranks: the fold, then one round up; two rounds down
+        10 * m)
+    # 3 ranks: the fold, then one round up; down, rank 0's two sends beyond the compute
     assert easgd_sync_epoch(cluster(3, 1), 1, N, 4, 1, "reduce").comm_s == pytest.approx(
-        4 * message())
+        2 * m + 2 * m - 0.010)
 
 
 def test_at_the_papers_scale_round_robin_grows_with_p_the_trees_with_log2_p():
     # SC17's 8 and 64 workers, one per node, a step of 10 ms: round robin's step is
-    # 2 (p - 1) messages, the trees' 10 ms + 2 log2(p) messages.
+    # 2 (p - 1) messages; the trees' 10 ms + log2(p) messages up + log2(p) - 1 down.
     for p, rounds in ((8, 3), (64, 6)):
         rr = easgd_rr_epoch(cluster(p, 1), 10, N, 1)
         sync = easgd_sync_epoch(cluster(p, 1), 10, N, 4, 1, "reduce")
         assert rr.seconds / 10 == pytest.approx(2 * (p - 1) * message())
-        assert sync.seconds / 10 == pytest.approx(0.010 + 2 * rounds * message())
+        assert sync.seconds / 10 == pytest.approx(0.010 + (2 * rounds - 1) * message())
         assert sync.comm_share < rr.comm_share
 
 
