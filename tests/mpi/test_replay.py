@@ -109,6 +109,17 @@ def test_dbs_rounds_replay_with_unequal_sizes_and_no_staleness(data_dir, tmp_pat
     assert all(u.rule.startswith("sum b_i g_i") for u in outcome.updates)
 
 
+def test_dbs_bounds_that_cannot_hold_the_total_are_refused_before_training(data_dir,
+                                                                          tmp_path):
+    config = TrainConfig(strategy="dbs", options={"min_batch": 9}, dataset="synthetic",
+                         model="mlp", batch_size=8, train_samples=240, data_dir=data_dir,
+                         out=world.bcast(str(tmp_path / "refused")), progress=False)
+    with pytest.raises(ValueError, match=rf"rank {world.rank}: dbs.min_batch/max_batch: got "
+                                         r"\[9, 32\], allowed: a range holding --batch-size "
+                                         r"8 \(the 3 sizes must sum to 3 x 8\)"):
+        Trainer(config)
+
+
 def test_what_differs_or_cannot_be_replayed_is_said(data_dir, tmp_path, capsys):
     out = train(data_dir, tmp_path, "asgd")
     server = rank_phases(os.path.join(out, "trace.json")) if world.rank == 0 else None
