@@ -49,13 +49,13 @@ RECIPES: dict[str, tuple[str, float, float, list[str]]] = {
     "asgd": ("asgd", 0.1, 0.0, []),
     "asgd-shard": ("asgd", 0.1, 0.0, ["asgd.epoch=shard"]),  # the DBS paper's ASGD
     "amsgd": ("amsgd", 0.01, 0.9, []),
-    "softsync": ("softsync", 0.1, 0.5, []),  # server momentum since 2026-11-23
+    "softsync": ("softsync", 0.1, 0.5, ["softsync.server_momentum=true"]),  # as measured
     "dbs": ("dbs", 0.1, 0.0, []),
     "dbs-round": ("dbs", 0.05, 0.9, ["dbs.update=round"]),  # synchronous steps: sync's rate
     "hogwild": ("hogwild", 0.1, 0.0, []),
 }
 STRAGGLER = "3:3"
-SERVE_IDLE = "serve (probe"  # the op label of a server's idle wait for the next message
+SERVE_IDLE = "serve (probe"  # the op of a server waiting for work (phase "idle")
 
 
 def train(args: argparse.Namespace, out: str, strategy: str, lr: float, momentum: float,

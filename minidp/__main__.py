@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_arguments(sub.add_parser(
         "simulate", help="predicted epoch time and communication share at cluster scale"
     )).set_defaults(run=simulate.run)
+    from minidp.replay import command as replay
+
+    replay.add_arguments(sub.add_parser(
+        "replay", help="re-execute an asynchronous run in one process; compare with its model"
+    )).set_defaults(run=replay.run)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -135,10 +135,11 @@ def test_daso_blocking_waits_for_every_sum_cycling_hides_one_batch():
 
 def test_unmodelled_strategy_is_an_error_naming_it_and_the_allowed():
     with pytest.raises(ValueError, match=r"--strategy: got 'asgd', allowed: sync, hsgd, "
-                                         r"hbsgd, daso; the parameter-server"):
+                                         r"hbsgd, daso, easgd-rr, easgd-sync; the "
+                                         r"parameter-server"):
         parse_strategies("sync,asgd", [])
     with pytest.raises(ValueError, match="--strategy: got 'nope', allowed: sync, hsgd, hbsgd, "
-                                         "daso$"):
+                                         "daso, easgd-rr, easgd-sync$"):
         parse_strategies("nope", [])
     with pytest.raises(ValueError, match="--set: got 'daso.k=2'"):
         parse_strategies("hbsgd", ["daso.k=2"])

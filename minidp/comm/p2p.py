@@ -60,6 +60,7 @@ from minidp.trace import tracer
 ANY_SOURCE = MPI.ANY_SOURCE
 ANY_TAG = MPI.ANY_TAG
 TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)  # the largest tag MPI accepts
+IDLE = "idle"  # a server waiting for its next request: traced, but not one of PHASES
 
 
 class Message(NamedTuple):
@@ -224,18 +225,18 @@ def recv(buffer: np.ndarray, source: int, tag: int, topology: Topology, what: st
 
 
 def probe(topology: Topology, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-          what: str = "probe", peers: list[int] | None = None) -> Message:
+          what: str = "probe", peers: list[int] | None = None, phase: str = "wait") -> Message:
     """Wait until a message is there and return its envelope without receiving it.
 
     A server calls this with ``ANY_SOURCE`` to serve first come, first served, then
-    :func:`recv` with the returned source and tag. Timed under the phase ``wait``;
+    :func:`recv` with the returned source and tag. Timed under ``phase`` (``wait``);
     ``peers`` are the ranks a timeout names (default: ``[source]``, or every other rank).
     """
     source = _check_rank("source", source, topology, wildcard=True)
     tag = _check_tag(tag, topology, wildcard=True)
     peers = _check_peers(peers, source, topology)
     label = f"{what} (probe from {_from_text(source, peers)})"
-    with tracer().phase("wait", op=label):
+    with tracer().phase(phase, op=label):
         return _message(guard.probe_peer(topology.world, source, tag, peers, label))
 
 
@@ -243,10 +244,13 @@ def next_request(topology: Topology, active: list[int], turn: int | None) -> Mes
     """A server's next message, from any of ``active`` (first come, first served).
 
     With ``turn`` given, from ``active[turn]`` only: workers in turn, a deterministic order.
+    Timed under the phase :data:`IDLE`, not ``wait``: a server with nothing to do is not
+    communicating, and the epoch's phases (the maximum over ranks) would otherwise show
+    its idle time as the run's communication.
     """
     if turn is None:
-        return probe(topology, ANY_SOURCE, ANY_TAG, "serve", peers=active)
-    return probe(topology, active[turn], ANY_TAG, "serve", peers=[active[turn]])
+        return probe(topology, ANY_SOURCE, ANY_TAG, "serve", peers=active, phase=IDLE)
+    return probe(topology, active[turn], ANY_TAG, "serve", peers=[active[turn]], phase=IDLE)
 
 
 def poll(topology: Topology, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Message | None:

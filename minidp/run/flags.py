@@ -16,6 +16,7 @@ checked by :meth:`TrainConfig.check` (:mod:`minidp.run.config`), whatever their 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tomllib
 from typing import Any
 
@@ -140,4 +141,19 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
                              f"strategy is {config.strategy!r}")
     options.update(parse_set(args.set, config.strategy))
     config.options = options
-    return config.check()
+    config.check()
+    config.flags_given = frozenset(settings)  # not a field: run.json records values only
+    return config
+
+
+def given_settings(config: TrainConfig) -> dict[str, Any]:
+    """The settings the user gave, with their values (a strategy names those it ignores).
+
+    Those :func:`from_args` found on the command line or in the ``--config`` file; for a
+    configuration built in code, those that differ from the defaults.
+    """
+    names = getattr(config, "flags_given", None)
+    if names is None:
+        names = [name for name, f in FIELDS.items() if f.default is not dataclasses.MISSING
+                 and getattr(config, name) != f.default]
+    return {name: getattr(config, name) for name in names}

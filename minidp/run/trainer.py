@@ -54,6 +54,7 @@ from minidp.run import state as train_state
 from minidp.run.config import TrainConfig
 from minidp.run.console import Explainer, Progress, explain_steps
 from minidp.run.files import RunFiles
+from minidp.run.flags import given_settings
 from minidp.run.replica import replica_for
 from minidp.run.stopping import Stopped, StopSignal
 from minidp.trace import PHASES, Tracer, set_tracer
@@ -99,6 +100,9 @@ class Trainer:
             Explainer.introduce(strategies.strategy_class(c.strategy))
         self.strategy = strategies.get(c.strategy, self.model, self.optimizer, t,
                                        allreduce=c.allreduce, **c.options)
+        notice = self.strategy.ignored_notice(c.options, given_settings(c))
+        if notice and self.rank == 0:
+            print(notice, flush=True)
         schedule = optim.make_schedule(c.schedule, c.lr, c.epochs * self.batches,
                                        c.warmup_epochs * self.batches)
         self.strategy.plan(c.epochs, self.batch_size, schedule)
@@ -337,6 +341,7 @@ class Trainer:
 
     def _finish(self) -> dict[str, Any]:
         state = self.consensus_state()
+        self.strategy.write_events(self.files.path("events.json"))  # for minidp replay
         counters = np.array([self.record.totals.get(k, 0) for k in COUNTERS], np.float64)
         totals = self._world_sum(counters)
         summary = self._summary(dict(zip(COUNTERS, totals.astype(int).tolist())))

@@ -24,6 +24,7 @@ import sys
 from minidp.simulate.costs import RULES, WORLD_ALGORITHMS, Epoch, mpich_algorithm
 from minidp.simulate.measure import DATASETS
 from minidp.simulate.predict import (
+    DEFAULT,
     DTYPES,
     MODELLED,
     SLICE_US,
@@ -46,8 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--cores-per-node", type=float, default=None,
         help="cores the G ranks of a node share (default G: one core each; with "
              "--validate: this machine's cores // P, the ranks bound to them)")
-    add("--strategy", default=",".join(MODELLED),
-        help=f"one or a comma-separated list of {', '.join(MODELLED)}")
+    add("--strategy", default=",".join(DEFAULT),
+        help=f"one or a comma-separated list of {', '.join(MODELLED)} (default: "
+             f"{', '.join(DEFAULT)})")
     add("--model", default="lenet5", choices=tuple(MODELS))
     add("--dataset", default="fashion-mnist", choices=tuple(DATASETS),
         help="sets the sample shape and the default --samples")
@@ -67,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="mpich: what MPICH's algorithms send across nodes on a cluster (default); "
              "emulated: what minidp's network model charges a run on one machine")
     add("--set", action="append", default=[], metavar="STRATEGY.OPTION=VALUE",
-        help="a strategy option, as in train (hsgd.*, hbsgd.k, daso.*)")
+        help="a strategy option, as in train (hsgd.*, hbsgd.k, daso.*, easgd-*.tau, "
+             "easgd-sync.mode)")
     add("--step-ms", type=float, default=None,
         help="a step's compute on one core in ms, instead of timing it here")
     add("--measure-steps", type=int, default=20, help="steps timed (median; default 20)")

@@ -5,7 +5,9 @@
 with the formulas of :mod:`minidp.simulate.costs`. DASO is predicted per phase: a
 blocking epoch (warm-up and cool-down, (B,S,L) = (0,0,0)) and a cycling epoch with the
 (B,S,L) its schedule sets right after warm-up ((4,1,1) with the defaults; later
-plateaus change it).
+plateaus change it). Two elastic strategies are modelled too, on request (``--strategy
+easgd-rr,easgd-sync``): the original round-robin EASGD, whose master serves one worker
+at a time, and Sync EASGD's trees, the comparison of SC17.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from minidp.simulate.costs import (
     Epoch,
     Node,
     daso_epoch,
+    easgd_rr_epoch,
+    easgd_sync_epoch,
     hbsgd_epoch,
     hsgd_epoch,
     sync_epoch,
 )
 from minidp.simulate.measure import DATASETS, build_model, measure_step, measure_sweep, node_cores
 
-MODELLED = ("sync", "hsgd", "hbsgd", "daso")
+MODELLED = ("sync", "hsgd", "hbsgd", "daso", "easgd-rr", "easgd-sync")
+DEFAULT = MODELLED[:4]  # the synchronous family: --strategy's default
 
 
 DTYPES = ("float32", "float64")
@@ -67,9 +72,9 @@ def parse_strategies(text: str, sets: list[str]) -> dict[str, dict]:
         raise ValueError(f"--strategy: got {text!r}, allowed: {', '.join(MODELLED)}")
     for name in chosen:
         if name not in MODELLED:
-            why = ("; the parameter-server and elastic strategies are not modelled (their "
-                   "time depends on a server's queue and on staleness, which an alpha-beta "
-                   "sum of messages does not capture)") if name in names() else ""
+            why = ("; the parameter-server and asynchronous elastic strategies are not "
+                   "modelled (their time depends on a server's queue and on staleness, which "
+                   "an alpha-beta sum of messages does not capture)") if name in names() else ""
             raise ValueError(f"--strategy: got {name!r}, allowed: {', '.join(MODELLED)}{why}")
     given: dict[str, dict[str, str]] = {name: {} for name in chosen}
     for item in sets:
@@ -116,6 +121,13 @@ def predict(cluster: Cluster, strategies: dict[str, dict], samples: int, batch: 
             epochs.append(hsgd_epoch(cluster, batches, nbytes, itemsize, options))
         elif name == "hbsgd":
             epochs.append(hbsgd_epoch(cluster, batches, nbytes, itemsize, options["k"]))
+        elif name == "easgd-rr":  # rank 0 is the master: the others share the samples
+            workers = max(cluster.ranks - 1, 1)
+            epochs.append(easgd_rr_epoch(cluster, samples // workers // batch, nbytes,
+                                         options["tau"]))
+        elif name == "easgd-sync":
+            epochs.append(easgd_sync_epoch(cluster, batches, nbytes, itemsize, options["tau"],
+                                           options["mode"]))
         else:
             weight = options["staleness_weight"]
             epochs.append(daso_epoch(cluster, batches, nbytes, itemsize, (0, 0, 0), weight))

@@ -20,12 +20,12 @@ from minidp.strategies.easgd import (
     ElasticHogwild,
     ElasticRoundRobin,
     ElasticServer,
-    MomentumElasticAsync,
 )
 from minidp.strategies.easgd_sync import ElasticSync
 from minidp.strategies.hbsgd import HierarchicalBulkSGD
 from minidp.strategies.hogwild import HogwildSGD
 from minidp.strategies.hsgd import HierarchicalSGD
+from minidp.strategies.measgd import MomentumElasticAsync
 from minidp.strategies.ps import ParameterServer
 from minidp.strategies.softsync import SoftSyncSGD
 from minidp.strategies.sync import SyncSGD

@@ -12,7 +12,11 @@ parameter-server and elastic families:
 * ``end_epoch(epoch, train_loss)`` on every rank, with the loss averaged over workers;
   then ``consensus()`` (may be collective over the world): the parameters the run's
   result is (evaluation, model.npz), and ``epoch_stats()``: extra per-epoch metrics;
-* ``state_dict()`` / ``load_state_dict()``: what a checkpoint must hold to resume exactly.
+* ``state_dict()`` / ``load_state_dict()``: what a checkpoint must hold to resume exactly;
+* ``write_events(path)`` at the run's end (collective): an asynchronous strategy's
+  record of what it did, for ``python -m minidp replay`` (:mod:`minidp.strategies.events`);
+* ``ignored_flags(options)`` (class method): the training flags it does not use, so a
+  user who sets one is told.
 
 Options are declared per class as :class:`Option` (type, default, allowed range) and
 checked on construction; ``--set NAME.option=value`` strings are converted here.
@@ -39,6 +43,7 @@ from minidp.comm import (
 from minidp.layers import Module
 from minidp.optim.optimizer import Optimizer
 from minidp.optim.schedules import Schedule
+from minidp.strategies.events import EventLog, write_events
 from minidp.trace import tracer
 
 
@@ -101,6 +106,12 @@ class Strategy(abc.ABC):
     # where all ranks step together and the state after each step is whole; others stop
     # at the next epoch's end.
     stops_between_batches: ClassVar[bool] = False
+    # The training flags (TrainConfig fields) this strategy does not use: a user who sets
+    # one is told so, once, at the start (Trainer); see ignored_flags().
+    ignores: ClassVar[tuple[str, ...]] = ()
+    ignored_hint: ClassVar[str] = ""  # where the ignored flags do something, if anywhere
+    # What this rank did, for the replay (asynchronous strategies set it; None: nothing).
+    events: EventLog | None = None
 
     def __init__(self, model: Module, optimizer: Optimizer, topology: Topology,
                  allreduce: str = "mpi", **options: Any) -> None:
@@ -128,6 +139,28 @@ class Strategy(abc.ABC):
     def servers_needed(cls, options: dict[str, Any]) -> int:
         """How many ranks take the server role (the synchronous family: none)."""
         return 0
+
+    @classmethod
+    def ignored_flags(cls, options: dict[str, Any]) -> tuple[str, ...]:
+        """The training flags this strategy does not use with these (parsed) options."""
+        return cls.ignores
+
+    @classmethod
+    def ignored_notice(cls, options: dict[str, Any], given: dict[str, Any]) -> str | None:
+        """One line for a user who set a flag this strategy does not use; None if none.
+
+        Args:
+            options: the strategy's parsed options.
+            given: the settings the user gave (flag name -> value); a flag given as 0 or
+                false asks for nothing this strategy lacks and is not named.
+        """
+        chosen = {name: given[name] for name in cls.ignored_flags(options) if given.get(name)}
+        unused = [f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+                  for name, value in chosen.items()]
+        if not unused:
+            return None
+        hint = f"; {cls.ignored_hint}" if cls.ignored_hint else ""
+        return f"note: --strategy {cls.name} ignores {' and '.join(unused)}{hint}"
 
     @classmethod
     def parse_options(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -229,6 +262,11 @@ class Strategy(abc.ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.steps = int(state["steps"])
+
+    def write_events(self, path: str) -> None:
+        """Collective at the run's end: the ranks' event rows into ``path`` (none: no file)."""
+        if self.events is not None:
+            write_events(path, self.name, self.topology, self.events)
 
     # -- helpers for subclasses -----------------------------------------------------------
 

@@ -1,31 +1,34 @@
 """``dbs``: ASGD with performance-aware dynamic batch sizes (Ji, Zhang, Fu, Gao, Li 2019).
 
-Ji et al., "A dynamic batch size SGD for heterogeneous clusters" (DBS-SGD), J. Computer
-Research and Development 56(11), 2019. Only the abstract is public: it modulates each
-node's batch size "according to the runtime performance of each node" so that fast and
-slow nodes take the same time per iteration, against stale gradients. Everything below
-is minidp's reconstruction (``docs/dbs.md`` lists every choice):
+Ji, Zhang, Fu, Gao, Li, "Performance-Awareness Based Dynamic Batch Size SGD for
+Distributed Deep Learning Framework", J. Computer Research and Development 56(11):
+2396-2409, 2019 (DOI 10.7544/issn1000-1239.2019.20180880). Only the abstract is public:
+it modulates each node's batch size "according to the runtime performance of each
+node" so that fast and slow nodes take the same time per iteration, against stale
+gradients. Everything below is minidp's reconstruction (``docs/dbs.md`` lists every
+choice):
 
 * measure: each push carries the worker's batch and its compute time (pull to push,
   including any slowdown); the server keeps an exponential moving average of each
   worker's throughput v_i (samples/s, factor ``ema``);
 * allocate: every ``rebalance_every`` gradients (default: one per worker), server 0
-  sets b_i proportional to v_i with the total fixed at workers x ``--batch-size`` (the
-  fixed-batch run's), rounded by largest remainders and clamped to
-  [``min_batch``, ``max_batch``] with the total kept; the new b_i goes out with the
-  worker's next pull;
+  sets b_i as near to proportional to v_i as the bounds [``min_batch``, ``max_batch``]
+  allow, with the total fixed at workers x ``--batch-size`` (the fixed-batch run's)
+  (:func:`proportional_sizes`); the new b_i goes out with the worker's next pull;
 * update (``update=each``, the default): ASGD, each gradient applied as it arrives,
-  weighted by its share of samples, w <- w - lr * (b_i / b) * g_i (g_i the mean over b_i
-  samples, b the base batch), so a sample counts the same whichever worker took it.
-  ``update=round``: equal iteration times let the server take one gradient from every
-  worker per update without anybody waiting long, so it does, and answers their next
-  pulls after that update: every gradient is fresh (staleness 0),
+  weighted by its share of samples, w <- w - lr * ((b_i / b) * g_i + wd * w) (g_i the
+  mean over b_i samples, b the base batch), so a sample counts the same whichever worker
+  took it. ``update=round``: equal iteration times let the server take one gradient
+  from every worker per update without anybody waiting long, so it does, and answers
+  their next pulls after that update: every gradient is fresh (staleness 0),
   w <- w - lr * sum_i b_i g_i / sum_i b_i with ``--momentum`` at the server, i.e.
   synchronous SGD on the round's samples, of which the straggler takes a small share.
 """
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,11 +38,46 @@ from minidp.strategies.base import Option
 from minidp.strategies.ps import ParameterServer
 
 
-def proportional_sizes(speeds: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
-    """Integer sizes proportional to ``speeds``, summing to ``total``, each in [low, high].
+def clamped_shares(speeds: list[Fraction], total: int, low: int, high: int) -> list[Fraction]:
+    """s_i = clamp(lam * v_i, low, high) summing to ``total``, exactly (rational numbers).
 
-    Largest-remainder rounding; the size furthest outside a bound is fixed there and the
-    rest of the total is shared again among the others, in proportion to their speeds.
+    F(lam) = sum_i clamp(lam v_i, low, high) rises continuously from n low to n high, so
+    the scale lam exists when n low <= total <= n high. Each pass shares what the fixed
+    sizes leave among the free ones in proportion to their speeds; then the side whose
+    violations are larger in total is fixed at its bound: if the shares below ``low``
+    miss more than those above ``high`` exceed, F(lam) > total, so the true lam is
+    smaller and those sizes stay below ``low`` (and the other way round). Fixing only
+    one side is what keeps the sum: the first version fixed the single worst size, and
+    a fast worker's share fixed at ``high`` could leave the others nothing to share.
+    """
+    fixed: dict[int, Fraction] = {}
+    scale = Fraction(0)
+    while len(fixed) < len(speeds):
+        free = [i for i in range(len(speeds)) if i not in fixed]
+        scale = (total - sum(fixed.values())) / sum(speeds[i] for i in free)
+        below = [i for i in free if scale * speeds[i] < low]
+        above = [i for i in free if scale * speeds[i] > high]
+        if not below and not above:
+            break
+        missing = sum(low - scale * speeds[i] for i in below)
+        excess = sum(scale * speeds[i] - high for i in above)
+        if missing >= excess:
+            fixed.update((i, Fraction(low)) for i in below)
+        if excess >= missing:
+            fixed.update((i, Fraction(high)) for i in above)
+    return [fixed.get(i, scale * v) for i, v in enumerate(speeds)]
+
+
+def proportional_sizes(speeds: np.ndarray, total: int, low: int, high: int) -> np.ndarray:
+    """Integer sizes summing to ``total``, each in [low, high], near proportional to ``speeds``.
+
+    The target is the clamped proportional share s_i (:func:`clamped_shares`); each
+    size is floor(s_i), plus one for the largest remainders (ties: the lower index)
+    until the sum is ``total``, so |b_i - s_i| < 1 and a faster worker never gets less.
+
+    Raises:
+        ValueError: no split exists (``total`` outside [n low, n high]), or a speed is
+            not a finite number > 0.
     """
     speeds = np.asarray(speeds, dtype=np.float64)
     n = len(speeds)
@@ -48,24 +86,12 @@ def proportional_sizes(speeds: np.ndarray, total: int, low: int, high: int) -> n
                          f"[{low}, {high}]")
     if np.any(~np.isfinite(speeds)) or np.any(speeds <= 0):
         raise ValueError(f"speeds: got {speeds.tolist()}, allowed: finite numbers > 0")
-    sizes = np.zeros(n, np.int64)
-    free = np.ones(n, bool)
-    while True:
-        share = (total - sizes[~free].sum()) * speeds[free] / speeds[free].sum()
-        # Fix only the worst violation per pass: fixing every violation at once can
-        # overshoot the total (a low bound raised, then the rest pushed over the high).
-        excess = np.maximum(low - share, share - high)
-        worst = int(np.argmax(excess))
-        if excess[worst] <= 0:
-            break
-        index = np.flatnonzero(free)[worst]
-        sizes[index] = low if share[worst] < low else high
-        free[index] = False
-    floor = np.floor(share).astype(np.int64)
-    left = total - sizes[~free].sum() - floor.sum()
-    floor[np.argsort(-(share - floor), kind="stable")[:left]] += 1
-    sizes[free] = floor
-    return sizes
+    shares = clamped_shares([Fraction(float(v)) for v in speeds], total, low, high)
+    sizes = [math.floor(s) for s in shares]
+    order = sorted(range(n), key=lambda i: (sizes[i] - shares[i], i))  # largest remainder
+    for i in order[:total - sum(sizes)]:
+        sizes[i] += 1
+    return np.array(sizes, np.int64)
 
 
 class DynamicBatchSGD(ParameterServer):
@@ -117,6 +143,14 @@ class DynamicBatchSGD(ParameterServer):
             self.round_grads = {w: np.empty_like(self.incoming) for w in workers}
             self.sum = np.empty_like(self.incoming)
 
+    ignored_hint = ("update=each applies plain SGD at the server; --set dbs.update=round "
+                    "uses --momentum")
+
+    @classmethod
+    def ignored_flags(cls, options: dict[str, Any]) -> tuple[str, ...]:
+        """``update=each`` applies plain SGD: ``--momentum`` and ``--nesterov`` are unused."""
+        return () if options["update"] == "round" else ("momentum", "nesterov")
+
     def plan(self, total_epochs: int, base_batch: int = 1,
              lr_schedule: Schedule | None = None) -> None:
         """Check the batch bounds against --batch-size before training starts."""
@@ -124,13 +158,20 @@ class DynamicBatchSGD(ParameterServer):
         self.bounds()
 
     def bounds(self) -> tuple[int, int]:
-        """(min_batch, max_batch) with their defaults resolved against --batch-size."""
+        """(min_batch, max_batch) with their defaults resolved against --batch-size.
+
+        The sizes must sum to workers x b in [min_batch, max_batch] each: possible exactly
+        when the range holds b. Checked in :meth:`plan`, so a run that could not be split
+        is refused before training, never in the serve loop.
+        """
         base = self.base_batch
         low = self.config["min_batch"] or max(1, base // 4)
         high = self.config["max_batch"] or 4 * base
         if not low <= base <= high:
             raise ValueError(f"rank {self.topology.rank}: dbs.min_batch/max_batch: got "
-                             f"[{low}, {high}], allowed: a range holding --batch-size {base}")
+                             f"[{low}, {high}], allowed: a range holding --batch-size {base} "
+                             f"(the {self.topology.num_workers} sizes must sum to "
+                             f"{self.topology.num_workers} x {base})")
         return low, high
 
     def assign_batch(self, worker: int, wanted: int) -> int:

@@ -33,6 +33,7 @@ from minidp.comm import SharedArray, broadcast, guard, p2p, rail_allreduce
 from minidp.kernels import sgd_update
 from minidp.optim import SGD
 from minidp.strategies.base import Option, Strategy
+from minidp.strategies.events import ELASTIC_WORKER_COLUMNS, MASTER_COLUMNS, EventLog
 from minidp.trace import tracer
 
 TAG_PARAMS, TAG_CENTRE, TAG_DONE = 211, 212, 213
@@ -43,11 +44,12 @@ ORDERS = ("fcfs", "round_robin")
 class ElasticAveraging(Strategy):
     """What every elastic variant shares: options, the worker's update, the centre's state.
 
-    Options: ``alpha`` (the moving rate; -1, the default, means 0.9 / workers: the EASGD
-    paper's beta = 0.9 shared by the p workers) and ``tau`` (steps between exchanges; an
-    exchange happens at the worker's steps 0, tau, 2 tau, ... counted over the run).
-    The workers apply plain SGD with ``--lr`` and ``--weight-decay``; ``--momentum`` is
-    not used (the papers' EASGD; ``measgd-async`` has its own ``delta``).
+    Options: ``alpha`` (the moving rate; -1, the default, means 0.9 / p: the EASGD
+    paper's beta = 0.9 shared by the p workers that pull on one centre) and ``tau``
+    (steps between exchanges; an exchange happens at the worker's steps 0, tau, 2 tau,
+    ... counted over the run). The workers apply plain SGD with ``--lr`` and
+    ``--weight-decay``; ``--momentum`` is not used (the papers' EASGD; ``measgd-async``
+    has its own ``delta``).
     """
 
     options: ClassVar[dict[str, Option]] = {
@@ -56,7 +58,8 @@ class ElasticAveraging(Strategy):
         "tau": Option(1, int, "an int >= 1 (steps between elastic exchanges)",
                       lambda v: v >= 1),
     }
-    momentum_option: ClassVar[str | None] = None  # measgd-async: "delta"
+    ignores = ("momentum", "nesterov")
+    ignored_hint = "its workers apply plain SGD (measgd-async has momentum: measgd-async.delta)"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -65,10 +68,13 @@ class ElasticAveraging(Strategy):
             raise ValueError(f"rank {t.rank}: --optimizer: got {type(self.optimizer).__name__}"
                              f", allowed with {self.name}: sgd (the workers apply SGD)")
         alpha = self.config["alpha"]
-        self.alpha = DEFAULT_BETA / t.num_workers if alpha == -1 else alpha
-        self.momentum = self.config[self.momentum_option] if self.momentum_option else 0.0
+        self.alpha = DEFAULT_BETA / self.pulling_on_a_centre() if alpha == -1 else alpha
         self.difference = np.zeros_like(self.flat.data)  # alpha * (x - centre), reused
         self.exchanges = 0  # this worker's exchanges in the current epoch
+
+    def pulling_on_a_centre(self) -> int:
+        """p, the workers whose pulls one centre takes (the default alpha is 0.9 / p)."""
+        return self.topology.num_workers
 
     def exchanging(self) -> bool:
         """Whether the step about to be taken (``self.steps``, 0-based) exchanges."""
@@ -90,8 +96,7 @@ class ElasticAveraging(Strategy):
             if centre is not None:
                 np.subtract(x, centre, out=self.difference)
                 self.difference *= self.alpha
-            sgd_update(x, self.flat.grad, opt.state, opt.lr, self.momentum, opt.weight_decay,
-                       self.momentum > 0)
+            sgd_update(x, self.flat.grad, opt.state, opt.lr, 0.0, opt.weight_decay, False)
             if centre is not None:
                 x -= self.difference
                 self.exchanges += 1
@@ -147,11 +152,18 @@ class ElasticServer(ElasticAveraging):
         self.order = self.config.get("order", "round_robin")
         self.header = np.zeros(1, np.int64)
         self.requests: list[p2p.PeerRequest] = []
+        # The replay's record (minidp.strategies.events): the worker's steps, the master's
+        # exchanges in the order it answered them.
+        self.events = EventLog(MASTER_COLUMNS if t.role == "server" else
+                               ELASTIC_WORKER_COLUMNS)
         if t.role == "server":
             self.centre = self.flat.data
             self.incoming = np.empty_like(self.flat.data)
         else:
             self.centre = np.empty_like(self.flat.data)  # where x~ arrives
+        # What the worker sends: x^i, its parameters before the step (measgd-async keeps
+        # them apart while its gradient is taken at the look-ahead point).
+        self.outgoing = self.flat.data
         self.reset_stats()
 
     # -- worker side -----------------------------------------------------------------
@@ -162,25 +174,32 @@ class ElasticServer(ElasticAveraging):
         t = self.topology
         if not size:
             p2p.send(self.header, 0, TAG_DONE, t, "done")
-        elif self.overlap and self.exchanging():
-            # flat.data stays untouched until step(): forward and backward only read it.
+            return size
+        self.before_compute()
+        if self.overlap and self.exchanging():
+            # outgoing stays untouched until step(): forward and backward only read flat.data.
             self.requests = [p2p.irecv(self.centre, 0, TAG_CENTRE, t, "centre"),
-                             p2p.isend(self.flat.data, 0, TAG_PARAMS, t, "parameters")]
+                             p2p.isend(self.outgoing, 0, TAG_PARAMS, t, "parameters")]
         return size
+
+    def before_compute(self) -> None:
+        """Before forward and backward: here nothing (the gradient is taken at x^i)."""
 
     def step(self, batch: int) -> None:
         """Finish the exchange (if this step has one), then the elastic and gradient update."""
         centre = None
-        if self.exchanging():
+        exchanging = self.exchanging()
+        if exchanging:
             t = self.topology
             if self.overlap:
                 for request in self.requests:
                     request.wait()
                 self.requests = []
             else:
-                p2p.send(self.flat.data, 0, TAG_PARAMS, t, "parameters")
+                p2p.send(self.outgoing, 0, TAG_PARAMS, t, "parameters")
                 p2p.recv(self.centre, 0, TAG_CENTRE, t, "centre")
             centre = self.centre
+        self.events.add(self.epoch, self.base_batch, exchanging)
         self.local_update(centre)
         self.steps += 1
 
@@ -216,6 +235,7 @@ class ElasticServer(ElasticAveraging):
         t = self.topology
         p2p.recv(self.incoming, worker, TAG_PARAMS, t, "parameters")
         p2p.send(self.centre, worker, TAG_CENTRE, t, "centre")
+        self.events.add(worker, self.epoch)
         with tracer().phase("optimizer"):
             # The same operations as the worker's local_update: the same d, bit for bit.
             np.subtract(self.incoming, self.centre, out=self.incoming)
@@ -290,27 +310,6 @@ class ElasticAsync(ElasticServer):
                      "(workers in rank order: deterministic)", lambda v: v in ORDERS))
 
 
-class MomentumElasticAsync(ElasticAsync):
-    """``measgd-async``: Async EASGD with Nesterov momentum ``delta`` on the workers.
-
-    Communication as ``easgd-async``. The worker's gradient step is Nesterov momentum
-    in PyTorch's form (the gradient at the current parameters plays the look-ahead)::
-
-        v <- delta v + g;   x^i <- x^i - lr (g + delta v) - alpha (x^i - x~)
-
-    The elastic pull uses x^i before the step, as in EASGD. The master applies
-    ``x~ += alpha (x^i - x~)``, unchanged: momentum lives on the workers only (SC17's
-    Async MEASGD; its baseline ``amsgd`` keeps momentum at the server). ``delta = 0``
-    is ``easgd-async`` bit for bit.
-    """
-
-    name = "measgd-async"
-    options: ClassVar[dict[str, Option]] = dict(
-        ElasticAsync.options,
-        delta=Option(0.9, float, "a momentum in [0, 1)", lambda v: 0 <= v < 1))
-    momentum_option = "delta"
-
-
 class ElasticHogwild(ElasticAveraging):
     """``easgd-hogwild``: the centre lives in the node's shared memory, updated with no lock.
 
@@ -332,6 +331,10 @@ class ElasticHogwild(ElasticAveraging):
     """
 
     name = "easgd-hogwild"
+
+    def pulling_on_a_centre(self) -> int:
+        """A node's centre takes the pulls of the node's G workers only: alpha = 0.9 / G."""
+        return self.topology.local_size
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

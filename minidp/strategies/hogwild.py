@@ -43,6 +43,8 @@ class HogwildSGD(Strategy):
     """
 
     name = "hogwild"
+    ignores = ("momentum", "nesterov")
+    ignored_hint = "a momentum buffer has no lock-free shared form: plain SGD"
     options: ClassVar[dict[str, Option]] = {
         "period": Option(0, int, "leader steps between node averages, >= 0 (0: only at each "
                          "epoch's end)", lambda v: v >= 0)}

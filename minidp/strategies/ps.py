@@ -33,6 +33,14 @@ from minidp.comm.allreducers import chunk_bounds
 from minidp.kernels import sgd_update
 from minidp.optim import SGD
 from minidp.strategies.base import Option, Strategy
+from minidp.strategies.events import (
+    EPOCH_END,
+    GRADIENT,
+    LEAVE,
+    SERVER_COLUMNS,
+    EventLog,
+    worker_columns,
+)
 from minidp.trace import tracer
 
 TAG_PULL, TAG_REPLY, TAG_PARAMS, TAG_PUSH, TAG_GRADIENT, TAG_DONE = range(201, 207)
@@ -75,11 +83,17 @@ class ParameterServer(Strategy):
                         lambda v: v in ("budget", "shard")),
     }
     server_momentum: ClassVar[bool] = False  # asgd: plain SGD at the server
+    ignored_hint = "it applies plain SGD at the server (amsgd keeps momentum there)"
 
     @classmethod
     def servers_needed(cls, options: dict[str, Any]) -> int:
         """K server ranks, from the ``servers`` option."""
         return options["servers"]
+
+    @classmethod
+    def ignored_flags(cls, options: dict[str, Any]) -> tuple[str, ...]:
+        """``--momentum`` and ``--nesterov`` unless the server keeps a momentum buffer."""
+        return () if cls.server_momentum else ("momentum", "nesterov")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -100,6 +114,9 @@ class ParameterServer(Strategy):
             raise ValueError(f"rank {t.rank}: --optimizer: got "
                              f"{type(self.optimizer).__name__}, allowed with {self.name}: sgd "
                              "(the server applies SGD to its parameter slice)")
+        # The replay's record (minidp.strategies.events): a worker's steps, a server's events.
+        self.events = EventLog(SERVER_COLUMNS if t.role == "server" else
+                               worker_columns(t.num_servers))
         if t.role == "server":
             self.shard = self.slices[t.rank]
             self.incoming = np.empty(self.shard.stop - self.shard.start, self.flat.data.dtype)
@@ -137,6 +154,7 @@ class ParameterServer(Strategy):
     def step(self, batch: int) -> None:
         """Push the gradient's slices, each tagged with the version it was computed at."""
         self.steps += 1
+        self.events.add(self.epoch, self.granted, *self.versions_read)
         compute_us = int((time.perf_counter() - self.pulled_at) * 1e6)
         for server in self.topology.server_ranks:
             self.header[:] = (self.versions_read[server], self.granted, compute_us, 0)
@@ -178,6 +196,7 @@ class ParameterServer(Strategy):
                 turn += 1  # else the next worker has moved into this turn's place
         for worker in t.worker_ranks:
             self.sent(worker)
+        self.events.add(EPOCH_END, -1, 0, 0)
         self.finish_epoch()
         self.stats["serve_s"] = time.perf_counter() - self.stats_started
 
@@ -193,6 +212,7 @@ class ParameterServer(Strategy):
             p2p.recv(self.incoming, worker, TAG_GRADIENT, t, "gradient")
             staleness = self.version - version_read
             self.record(worker, staleness, samples)
+            self.events.add(GRADIENT, worker, staleness, samples)
             self.on_gradient(worker, self.incoming, staleness, samples)
             self.samples_applied += samples  # after: the LR of this gradient is its round's
         elif tag == TAG_PULL:
@@ -226,6 +246,7 @@ class ParameterServer(Strategy):
     def leave(self, worker: int) -> None:
         """``worker``'s epoch is over at this server."""
         self.active.remove(worker)
+        self.events.add(LEAVE, worker, 0, 0)
 
     def sent(self, worker: int) -> None:
         """Complete the last reply to ``worker`` (taken already unless the epoch ends)."""
@@ -247,11 +268,12 @@ class ParameterServer(Strategy):
     def finish_epoch(self) -> None:
         """Server: called once every worker's epoch is over (softsync flushes here)."""
 
-    def apply(self, grad: np.ndarray, scale: float) -> None:
-        """One server update of this shard: SGD (momentum for amsgd) on ``scale`` x grad.
+    def apply(self, grad: np.ndarray, scale: float = 1.0, lr_divisor: float = 1.0) -> None:
+        """One server update of this shard: SGD (momentum if kept) on ``scale`` x grad.
 
         The gradient is scaled, not the rate, so weight decay acts once per update; it is
-        scaled in place (callers pass a receive or accumulation buffer they reuse).
+        scaled in place (callers pass a receive or accumulation buffer they reuse). The
+        rate is ``lr_schedule(samples applied // (b x workers)) / lr_divisor``.
         """
         with tracer().phase("optimizer"):
             opt, shard = self.optimizer, self.shard
@@ -262,8 +284,8 @@ class ParameterServer(Strategy):
             momentum = opt.momentum if self.server_momentum else 0.0
             if scale != 1.0:
                 grad *= scale
-            sgd_update(self.flat.data[shard], grad, opt.state[shard], lr, momentum,
-                       opt.weight_decay, opt.nesterov and self.server_momentum)
+            sgd_update(self.flat.data[shard], grad, opt.state[shard], lr / lr_divisor,
+                       momentum, opt.weight_decay, opt.nesterov and self.server_momentum)
         self.version += 1
         self.stats["updates"] += 1
 

@@ -16,9 +16,9 @@ from strategy_runs import sub_topology as topology
 
 from minidp import Tensor, layers
 from minidp import functional as F
-from minidp.comm import guard, p2p
+from minidp.comm import guard
 from minidp.optim import SGD
-from minidp.strategies.easgd import TAG_CENTRE
+from minidp.trace import tracer
 
 world = MPI.COMM_WORLD
 BASE, LR = 4, 0.1
@@ -104,11 +104,12 @@ def test_centre_plus_workers_changes_only_by_the_gradient_steps(name, options,
 
     def record(s, before):
         g = s.flat.grad.copy()
-        if delta:  # the worker's own Nesterov step, from the same recurrence
-            buf = momentum.get("v", np.zeros_like(g)) * delta + g
-            momentum["v"] = buf
-            g = g + delta * buf
-        total["steps"] = total.get("steps", 0) + LR * g
+        if delta:  # EAMSGD (Zhang et al. Alg. 2): x moves by v = delta v - lr g besides the pull
+            v = momentum.get("v", np.zeros_like(g)) * delta - LR * g
+            momentum["v"] = v
+            total["steps"] = total.get("steps", 0) - v
+        else:
+            total["steps"] = total.get("steps", 0) + LR * g
 
     centre, stats, s, x0 = drive(name, topo, on_step=record, **options)
     centres = topo.num_nodes if name == "easgd-hogwild" else 1
@@ -208,6 +209,32 @@ def test_sync_reduce_and_broadcast_equals_the_allreduce_replicas_bit_for_bit(ran
         assert all(np.array_equal(c, replica) for c in world.allgather(b.centre))
 
 
+def test_sync_sends_the_centre_down_a_tree_log2_p_messages_from_rank_0():
+    topo = topology_for("easgd-sync")
+    counters = tracer().counters
+
+    def sent():
+        return counters["messages_intra"] + counters["messages_inter"]
+
+    def messages(batches):  # sent by this rank in a run of that many exchange steps
+        before = sent()
+        _, _, s, _ = drive("easgd-sync", topo, mode="reduce", epochs=1, batches=batches)
+        return sent() - before, s
+
+    two, _ = messages(2)
+    six, s = messages(6)
+    exchanges = 4  # the difference: what four more steps sent (not the start's broadcast)
+    rounds = (topo.size - 1).bit_length()  # ceil(log2 p)
+    counts = world.allgather(six - two)
+    assert counts[0] == exchanges * rounds  # the root only sends the centre, down a tree
+    # every other rank: one partial sum up, the centre to its children down
+    children = [sum(1 for m in (1, 2, 4, 8) if r + m < topo.size and m < (r & -r))
+                for r in range(topo.size)]
+    assert counts[1:] == [exchanges * (1 + children[r]) for r in range(1, topo.size)]
+    centres = world.allgather(s.centre)
+    assert all(np.array_equal(c, centres[0]) for c in centres)  # one centre everywhere
+
+
 def test_measgd_with_delta_zero_is_easgd_async_in_the_same_order():
     topo = topology_for("measgd-async")
     if topo is None:
@@ -219,6 +246,57 @@ def test_measgd_with_delta_zero_is_easgd_async_in_the_same_order():
     np.testing.assert_array_equal(a.flat.data, b.flat.data)
     moving, _, _, _ = drive("measgd-async", topo, order="round_robin")
     assert np.abs(moving - plain).max() > 1e-6  # delta 0.9 is another run
+
+
+def eamsgd_by_hand(steps, eta=0.1, alpha=0.2, delta=0.9):
+    """Zhang, Choromanska, LeCun 2015, Algorithm 2 on f(x) = x^2/2 (g(x) = x), one worker,
+    tau = 1, x_0 = 1, v_0 = 0, centre 0: (look-ahead points, iterates, centres)."""
+    x, v, centre = 1.0, 0.0, 0.0
+    looks, iterates, centres = [], [], []
+    for _ in range(steps):
+        d = alpha * (x - centre)  # at x, not at the look-ahead
+        centre += d
+        y = x + delta * v
+        looks.append(y)
+        v = delta * v - eta * y
+        x = x - d + v
+        iterates.append(x)
+        centres.append(centre)
+    return looks, iterates, centres
+
+
+def test_measgd_is_eamsgd_on_a_scalar_quadratic():
+    if world.size < 2:
+        pytest.skip("needs a master and a worker: 2 ranks or more")
+    topo = topology(2, 1)
+    if topo is None:
+        world.Barrier()
+        return
+    looks, iterates, centres = eamsgd_by_hand(3)
+    # by hand: d = 0.2, v = -0.1, x = 1 - 0.2 - 0.1 = 0.7, y = 0.7 - 0.09 = 0.61; then
+    # d = 0.2 (0.7 - 0.2) = 0.1, v = -0.09 - 0.061 = -0.151, x = 0.449, y = 0.3131; ...
+    np.testing.assert_allclose(looks, [1.0, 0.61, 0.3131], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(iterates, [0.7, 0.449, 0.25199], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(centres, [0.2, 0.3, 0.3298], rtol=0, atol=1e-12)
+    s = build("measgd-async", topo, alpha=0.2, delta=0.9, order="round_robin")
+    s.optimizer.lr = 0.1
+    s.flat.data[...] = 0.0 if topo.role == "server" else 1.0  # centre 0, worker at 1
+    s.plan(1, BASE)
+    s.begin_epoch(0, 3)
+    if topo.role == "server":
+        s.serve()
+        np.testing.assert_allclose(s.centre, centres[-1], rtol=0, atol=1e-14)
+    else:
+        seen, after = [], []
+        while s.batch_size(BASE):
+            seen.append(s.flat.data.copy())  # where the gradient is taken
+            s.flat.grad[...] = s.flat.data  # the quadratic's gradient there
+            s.step(len(after))
+            after.append(s.flat.data.copy())
+        for t in range(3):  # every coordinate follows the scalar recurrence
+            np.testing.assert_allclose(seen[t], looks[t], rtol=0, atol=1e-14)
+            np.testing.assert_allclose(after[t], iterates[t], rtol=0, atol=1e-14)
+    world.Barrier()
 
 
 @pytest.mark.parametrize("name", ["easgd-sync", "easgd-rr"])
@@ -284,18 +362,10 @@ def test_a_silent_worker_is_named_after_the_timeout(name, short_timeout_on_rank_
                     s.step(0)
             error = str(caught.value)
     world.Barrier()
-    if topo is not None and name == "easgd-sync":
-        # Rank 1 takes the centre rank 0 sent it, so nothing stays in flight.
-        if topo.rank == 1:
-            p2p.recv(s.centre, 0, TAG_CENTRE, topo, "late centre")
-        else:
-            for request in s.requests:
-                request.wait()
-    world.Barrier()
     if error is not None:
-        # The sync centre (1.3 kB) goes eagerly: rank 0 then waits in the tree reduce.
+        # easgd-sync: rank 0 waits for rank 1's partial sum in the tree reduce.
         labels = {"easgd-async": ["serve (probe from rank 1)"],
-                  "easgd-sync": ["send centre to rank 1", "recv partial sum from rank 1"]}
+                  "easgd-sync": ["recv partial sum from rank 1"]}
         assert re.match(r"rank 0: '(.+)' waited 1 s \(MINIDP_COMM_TIMEOUT\); ", error)
         assert re.match(r"rank 0: '([^']+)'", error).group(1) in labels[name], error
         assert re.search(r"rank 1: (waiting|last) in '[^']+' #\d+", error)

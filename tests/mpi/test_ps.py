@@ -79,15 +79,19 @@ def test_one_worker_is_sequential_sgd_step_for_step(name, optimizer):
     world.Barrier()
 
 
-@pytest.mark.parametrize("schedule,optimizer", [(None, {}), (StepLR(0.1, 2), {}),
-                                                (None, {"momentum": 0.9})])
-def test_softsync_n1_in_turn_is_synchronous_sgd(schedule, optimizer):
+@pytest.mark.parametrize("schedule,optimizer,kept", [(None, {}, False),
+                                                     (StepLR(0.1, 2), {}, False),
+                                                     (None, {"momentum": 0.9}, True),
+                                                     (None, {"momentum": 0.9}, False)])
+def test_softsync_n1_in_turn_is_synchronous_sgd(schedule, optimizer, kept):
     if world.size < 2:
         pytest.skip("needs a server and a worker: 2 ranks or more")
     topo = topology(world.size, 1)
     got, stats, _ = drive("softsync", topo, n=1, order="round_robin", schedule=schedule,
-                          optimizer=optimizer)
-    expected = sequential(2, 3, topo.worker_ranks, optimizer, schedule=schedule)
+                          optimizer=optimizer, server_momentum=kept)
+    # The server's momentum only when asked for (server_momentum): else plain SGD.
+    expected = sequential(2, 3, topo.worker_ranks, optimizer if kept else {},
+                          schedule=schedule)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)
     for s in stats:
         assert s["updates"] == 3 and s["gradients"] == 3 * topo.num_workers

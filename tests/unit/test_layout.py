@@ -22,7 +22,8 @@ CIRCLE_ALLOWED = "minidp.autograd"
 LAYERS = [("minidp", "minidp.backend", "minidp.threads", "minidp.trace", "minidp.allocator"),
           ("minidp.kernels", "minidp.autograd", "minidp.functional"),
           ("minidp.layers", "minidp.optim"), ("minidp.comm",), ("minidp.io",),
-          ("minidp.strategies",), ("minidp.run",), ("minidp.reporting", "minidp.simulate"),
+          ("minidp.strategies",), ("minidp.run",),
+          ("minidp.reporting", "minidp.simulate", "minidp.replay"),
           ("minidp.__main__",)]
 
 
