@@ -35,7 +35,7 @@ BATCH_SIZE = 32  # per worker, when neither --batch-size nor --global-batch-size
 MOMENTUM_SGD = (0.02, 0.9)
 STRATEGY_RATES = {
     "sync": MOMENTUM_SGD, "hsgd": MOMENTUM_SGD, "hbsgd": MOMENTUM_SGD, "daso": MOMENTUM_SGD,
-    "softsync": MOMENTUM_SGD, "amsgd": (0.02, 0.7), "asgd": (0.02, 0.0), "dbs": (0.02, 0.0),
+    "softsync": (0.1, 0.0), "amsgd": (0.02, 0.7), "asgd": (0.02, 0.0), "dbs": (0.02, 0.0),
     "hogwild": (0.05, 0.0), "easgd-rr": (0.1, 0.0), "easgd-async": (0.1, 0.0),
     "easgd-hogwild": (0.1, 0.0), "easgd-sync": (0.1, 0.0), "measgd-async": (0.02, 0.0),
 }
