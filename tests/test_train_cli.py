@@ -103,7 +103,8 @@ def test_resume_reaches_exactly_the_uninterrupted_state(tmp_path, data_dir):
                                       "4 workers"),
     (["--batch-size", "400"], 4, "batch size 400 for"),
     (["--lr", "-1"], 2, "--lr: got -1.0, allowed: a finite number > 0"),
-    (["--net-latency-us", "inf"], 2, "--net-latency-us: got inf, allowed: a finite number >= 0"),
+    (["--net-latency-us", "inf"], 2, "--net-latency-us: got inf, allowed: a finite number in [0, "
+                                     "1e+06]"),
     (["--stop-after", "1"], 2, "--stop-after 1: allowed only with --checkpoint-every N"),
     (["--config", "{toml}"], 2, "nesterov: got 'false' (str), allowed: a bool (true or false)"),
 ])
@@ -116,7 +117,6 @@ def test_bad_input_is_a_clear_error_and_a_nonzero_exit(tmp_path, data_dir, args,
     assert launch.returncode not in (0, None), launch.output
     assert message in launch.output
     assert launch.output.count("error: ") == 1, launch.output  # every rank alike: rank 0's
-    assert launch.seconds < 60
 
 
 def test_runs_without_out_get_new_directories(tmp_path, data_dir):
@@ -141,10 +141,12 @@ def test_a_reused_out_is_refused_and_overwrite_replaces_it(tmp_path, data_dir):
     again = ["--epochs", "2", "--batch-size", "32", "--checkpoint-every", "1", "--out", out]
     status, output = train_here(again, str(tmp_path), data_dir)
     assert status == 2
+    claim = json.load(open(os.path.join(out, "run.json")))["minidp_run"]
     assert output.strip().splitlines()[-1] == (
         f"error: --out '{out}' holds another run (run.json, metrics.jsonl, summary.json, "
-        "model.npz, checkpoints, trace.json); pass --resume to continue it, --overwrite to "
-        "replace it, or no --out for a new directory under runs/")
+        f"model.npz, checkpoints, trace.json; pid {claim['pid']} on host {claim['host']} at "
+        f"{claim['time']}); pass --resume to continue it, --overwrite to replace it, or no "
+        "--out for a new directory under runs/")
     status, output = train_here(again + ["--overwrite"], str(tmp_path), data_dir)
     assert status == 0, output
     assert (f"--overwrite: removing run.json, metrics.jsonl, summary.json, model.npz, "
@@ -160,9 +162,9 @@ def test_resume_refuses_another_configuration_and_a_finished_run(tmp_path, data_
     first = train(["--epochs", "2"] + common, 2, data_dir)
     assert first.returncode == 0, first.output
     refusals = [
-        (["--epochs", "3", "--batch-size", "32", "--lr", "0.1"],
+        (["--epochs", "3", "--batch-size", "32", "--momentum", "0.5"],
          f"error: --resume: cannot continue checkpoint '{out}/checkpoints/epoch-0002': "
-         "--batch-size: checkpoint 16, now 32; --lr: checkpoint 0.05, now 0.1"),
+         "--batch-size: checkpoint 16, now 32; --momentum: checkpoint 0.9, now 0.5"),
         (["--epochs", "2"], "the run is complete (checkpoint at epoch 2, --epochs 2)"),
         (["--epochs", "1"], "the run is complete (checkpoint at epoch 2, --epochs 1)")]
     for args, message in refusals:
@@ -199,7 +201,7 @@ def test_a_bad_environment_variable_is_a_user_error_not_a_crash(tmp_path, data_d
     status, output = train_here([], str(tmp_path), data_dir, env=env)
     assert status == 2
     assert output.strip().splitlines()[-1] == ("error: MINIDP_COMM_TIMEOUT: got '5m', allowed: "
-                                               "a number of seconds > 0 (e.g. 300)")
+                                               "a number of seconds >= 1 (e.g. 300)")
 
 
 def test_console_script_is_python_m_mpi4py_m_minidp():

@@ -212,13 +212,18 @@ def _regular_file_size(path: str) -> int:
     except FileNotFoundError:
         raise FileNotFoundError(f"dataset file '{path}' does not exist") from None
     if not stat.S_ISREG(info.st_mode):
-        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else
-                "a FIFO (named pipe)" if stat.S_ISFIFO(info.st_mode) else
-                "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else
-                "a socket" if stat.S_ISSOCK(info.st_mode) else "a special file")
-        raise ValueError(f"dataset file '{path}' is {kind}, not a regular file; allowed: an "
-                         ".mdp file (python -m minidp data prepare writes them)")
+        raise ValueError(f"dataset file '{path}' is {file_kind(info.st_mode)}, not a regular "
+                         "file; allowed: an .mdp file (python -m minidp data prepare writes them)")
     return info.st_size
+
+
+def file_kind(mode: int) -> str:
+    """What a path whose ``st_mode`` is ``mode`` is, in words ("a directory", "a FIFO ...")."""
+    return ("a regular file" if stat.S_ISREG(mode) else
+            "a directory" if stat.S_ISDIR(mode) else
+            "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a special file")
 
 
 def _read_dtype(path: str, field: str, offset: int, raw: bytes, kinds: str) -> np.dtype:
