@@ -131,3 +131,29 @@ def test_a_config_path_that_is_no_settings_file_is_named_before_it_is_read(tmp_p
     (tmp_path / "big").write_text("#" * (1 << 20) + "\n")
     with pytest.raises(ValueError, match=re.escape(message.format(**where))):
         parse(["--config", path.format(**where)])
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "0.5", ""])
+def test_a_bad_comm_timeout_variable_is_refused(monkeypatch, value):
+    from minidp.comm import guard
+
+    monkeypatch.setattr(guard, "_settings", {})
+    monkeypatch.setenv("MINIDP_COMM_TIMEOUT", value)
+    if not value:  # unset (empty): the default
+        assert guard.comm_timeout() == 300.0
+        return
+    with pytest.raises(ValueError, match=re.escape(f"MINIDP_COMM_TIMEOUT: got {value!r}, "
+                                                   "allowed: a number of seconds >= 1")):
+        guard.comm_timeout()
+
+
+def test_more_threads_than_cores_is_refused(monkeypatch):
+    from minidp.__main__ import check_threads
+    from minidp.threads import available_cores
+
+    monkeypatch.setenv("MINIDP_NUM_THREADS", "100000")
+    with pytest.raises(ValueError, match=re.escape(
+            f"MINIDP_NUM_THREADS: got 100000, allowed: 1 to {available_cores()} (the cores")):
+        check_threads()
+    monkeypatch.setenv("MINIDP_NUM_THREADS", str(available_cores()))
+    check_threads()
