@@ -62,9 +62,13 @@ class Catcher:
         return bool(self.previous)
 
     def install(self) -> bool:
-        """Catch :data:`SIGNALS` (main thread only); False if they were caught already."""
+        """Catch :data:`SIGNALS` (main thread only); False if they were caught already.
+
+        A fresh install forgets the signals of an earlier run in this process.
+        """
         if self.installed:
             return False
+        self.received, self.seen = None, set()
         for sig in SIGNALS:
             self.previous[sig] = signal.signal(sig, self._handle)
         return True

@@ -92,6 +92,17 @@ class StopSignal:
             CATCHER.uninstall()
             self.owns_handlers = False
 
+    def finishing(self) -> None:
+        """A signal agreed at the end of the last epoch: the run finishes, and says so (rank 0).
+
+        Its work is done, so it writes its results and ends normally: a checkpoint of a
+        finished run would only be refused by the next ``--resume``.
+        """
+        if self.rank == 0:
+            print(f"note: a stop signal ({self.received or 'on another rank'}) came during the "
+                  "last epoch; the run finished instead of stopping: its results are written, "
+                  "nothing to resume (exit status 0)", flush=True)
+
     def _got(self) -> str:
         return f"{self.received} on this rank" if self.received else "on another rank"
 
@@ -141,6 +152,10 @@ class StopSignal:
             self.pending = None
 
     def close(self) -> None:
-        """Settle and free the communicator (collective: after a run that ended well)."""
+        """Settle and free the communicator (collective: after a run that ended well).
+
+        A signal from here on changes nothing: the run writes its results and ends.
+        """
+        CATCHER.plan = "once its results are written: training is over"
         self.settle()
         guard.collective(self.comm, "stop signal close", self.comm.Free)

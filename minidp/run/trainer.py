@@ -54,7 +54,6 @@ from minidp.run.config import TrainConfig
 from minidp.run.console import Explainer, Progress, explain_steps
 from minidp.run.files import RunFiles
 from minidp.run.replica import replica_for
-from minidp.run.signals import CATCHER
 from minidp.run.stopping import StopSignal
 from minidp.trace import PHASES, Tracer, set_tracer
 
@@ -181,13 +180,10 @@ class Trainer:
                 path = self._save(done)
             if signalled:
                 raise self.stop.stopped(path, f"at the end of epoch {done}")
-            if signal and self.rank == 0:  # agreed at the last epoch's end: the work is done
-                print(f"note: a stop signal ({self.stop.received or 'on another rank'}) came "
-                      "during the last epoch; the run finished instead of stopping: its results "
-                      "are written, nothing to resume (exit status 0)", flush=True)
+            if signal and not signalled:  # agreed at the last epoch's end: the work is done
+                self.stop.finishing()
             if stop:
                 break
-        CATCHER.plan = "once its results are written: training is over"
 
     def _save(self, epoch: int) -> str:
         """The checkpoint after ``epoch`` epochs (and the record's partial batches)."""
