@@ -269,3 +269,26 @@ def test_ctrl_c_to_mpiexec_stops_the_job_with_one_line_and_a_checkpoint(tmp_path
                         r"at the end of epoch \d+); checkpoint '.*'; continue with --resume "
                         r"\(exit status 3\)", stopped[0]), output
     assert os.path.isdir(stopped[0].split("checkpoint '")[1].split("'")[0])
+
+
+@pytest.mark.parametrize("entry", ["main", "console"])
+def test_the_handlers_are_in_place_before_mpi_starts(entry):
+    """``python -m mpi4py -m minidp`` and the console script both reach minidp before MPI."""
+    code = ("import signal, sys\n"
+            "seen = []\n"
+            "install = signal.signal\n"
+            "signal.signal = lambda s, h: (seen.append((int(s), 'mpi4py.MPI' in sys.modules)), "
+            "install(s, h))[1]\n"
+            "from minidp import __main__ as m\n"
+            "sys.argv = ['minidp', 'train', '--help']\n"
+            "try:\n"
+            f"    m.{entry}()\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('FIRST', seen[:3])\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120,
+                          env=environment_outside_mpi(PYTHONPATH=ROOT))
+    first = proc.stdout.split("FIRST ")[-1].strip()
+    assert first == f"[({int(signal.SIGTERM)}, False), ({int(signal.SIGUSR1)}, False), " \
+        f"({int(signal.SIGINT)}, False)]", proc.stdout + proc.stderr

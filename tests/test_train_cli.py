@@ -138,7 +138,7 @@ def ended_alike(launch, status):
                                  "python -m minidp train --help)"),
     (["--comm-timeout", "1e-9"], {}, 2, "error: --comm-timeout: got 1e-09, allowed: a finite "
                                         "number of seconds >= 1"),
-    ([], {"MINIDP_COMM_TIMEOUT": "abc"}, 1, "error: MINIDP_COMM_TIMEOUT: got 'abc', allowed: a "
+    ([], {"MINIDP_COMM_TIMEOUT": "abc"}, 2, "error: MINIDP_COMM_TIMEOUT: got 'abc', allowed: a "
                                            "number of seconds >= 1 (e.g. 300)"),
     ([], {"MINIDP_BACKEND": "foo"}, 1, "error: MINIDP_BACKEND: got 'foo', allowed: numpy, "
                                        "cupy"),
