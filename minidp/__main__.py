@@ -130,11 +130,17 @@ def finalized(status: int) -> int:
 
     Under ``python -m mpi4py`` a non-zero exit status of a rank that has not finalised
     MPI aborts the job (a banner per rank, shared-memory files left behind); an outcome
-    that every rank reaches alike is a normal end with that status instead.
+    that every rank reaches alike is a normal end with that status instead. From here on
+    the stop signals are ignored (:meth:`minidp.run.signals.Catcher.retire`): the run's
+    outcome is decided and MPI's shared memory is gone.
     """
     from mpi4py import MPI
 
+    from minidp.run.signals import CATCHER
+
     MPI.Finalize()
+    if CATCHER.installed:  # minidp train: a signal now must not kill the exiting process
+        CATCHER.retire()
     return status
 
 
@@ -185,8 +191,8 @@ def train(args: argparse.Namespace) -> int:
         print(phase_table(summary["epochs"]))
         print(f"final test accuracy {summary['final']['test_accuracy']:.2%} after "
               f"{summary['wall_s']:.1f} s; bytes sent intra {summary['bytes_sent']['intra']:,}, "
-              f"inter {summary['bytes_sent']['inter']:,}")
-    return 0
+              f"inter {summary['bytes_sent']['inter']:,}", flush=True)
+    return finalized(0)
 
 
 def check_threads() -> None:

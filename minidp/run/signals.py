@@ -92,6 +92,19 @@ class Catcher:
                              "it again to end now)\n")
 
 
+    def retire(self) -> None:
+        """Ignore :data:`SIGNALS` from now on: the job is over, the process is exiting.
+
+        Python gives every signal it handles back to the default action as it exits,
+        and a SIGTERM in those last milliseconds would kill a process whose run ended
+        well (exit 143, ``BAD TERMINATION`` from the launcher). An ignored signal stays
+        ignored through the exit.
+        """
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        self.previous.clear()
+
+
 CATCHER = Catcher()  # one per process: signal handlers are per process
 
 
