@@ -241,8 +241,8 @@ def test_signals_during_start_up_stop_every_rank_before_the_first_batch(tmp_path
     output = finish_job(job)
     assert job.returncode == 3, output
     for rank, name in ((0, "SIGTERM"), (1, "SIGUSR1")):
-        assert (f"rank {rank}: {name} received; stopping before the first batch (the run is "
-                "starting) (send it again to end now)") in output
+        assert (f"rank {rank}: {name} received during start-up; stopping before the first "
+                "batch (send it again to end now)") in output
     assert output.count("stopped before the first batch") == 1, output
     assert ("rank 0: stopped before the first batch: nothing to resume (a signal: SIGTERM on "
             "this rank) (exit status 3)") in output

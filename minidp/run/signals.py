@@ -46,13 +46,14 @@ class Catcher:
     Attributes:
         received: the name of the first signal caught (``"SIGTERM"``), else None.
         rank: this rank, for the message (the launcher's until the run knows it).
-        plan: where the run will stop, as the handler announces it.
+        plan: what the handler announces after ``SIGTERM received``: where the run will
+            stop.
     """
 
     def __init__(self) -> None:
         self.received: str | None = None
         self.rank = launcher_rank()
-        self.plan = "before the first batch (the run is starting)"
+        self.plan = " during start-up; stopping before the first batch"
         self.seen: set[str] = set()
         self.previous: dict[int, Any] = {}
 
@@ -88,8 +89,8 @@ class Catcher:
         self.seen.add(name)
         self.received = self.received or name
         if signum not in QUIET:
-            sys.stderr.write(f"rank {self.rank}: {name} received; stopping {self.plan} (send "
-                             "it again to end now)\n")
+            sys.stderr.write(f"rank {self.rank}: {name} received{self.plan} (send it again to "
+                             "end now)\n")
 
 
     def retire(self) -> None:

@@ -83,8 +83,8 @@ class StopSignal:
     def install(self) -> None:
         """Catch the signals (if ``minidp train`` has not already) and say where it stops."""
         self.owns_handlers = CATCHER.install()
-        CATCHER.plan = ("at the next batch boundary" if self.between_batches else
-                        "at the end of this epoch") + " with a checkpoint"
+        CATCHER.plan = ("; stopping at the next batch boundary" if self.between_batches else
+                        "; stopping at the end of this epoch") + " with a checkpoint"
 
     def uninstall(self) -> None:
         """Give the signals back, if :meth:`install` caught them."""
@@ -156,6 +156,6 @@ class StopSignal:
 
         A signal from here on changes nothing: the run writes its results and ends.
         """
-        CATCHER.plan = "once its results are written: training is over"
+        CATCHER.plan = "; training is over: the run ends once its results are written"
         self.settle()
         guard.collective(self.comm, "stop signal close", self.comm.Free)

@@ -28,8 +28,8 @@ def test_one_signal_is_recorded_and_a_second_of_its_kind_ends_the_process(capfd,
     err = capfd.readouterr().err
     # SIGTERM is announced by the rank that got it; SIGINT, which mpiexec sends to every
     # rank, is not (one line per job: rank 0's when the run stops)
-    assert err == ("rank ?: SIGTERM received; stopping before the first batch (the run is "
-                   "starting) (send it again to end now)\n")
+    assert err == ("rank ?: SIGTERM received during start-up; stopping before the first batch "
+                   "(send it again to end now)\n")
 
 
 def test_a_fresh_install_forgets_and_retire_ignores(monkeypatch):
