@@ -283,3 +283,25 @@ def test_bad_checkpoint_is_one_line_naming_the_file(tmp_path):
     with pytest.raises(UsageError, match="meta.json' is not a usable checkpoint record: no "
                                          r"valid config \(a checkpoint of an older minidp"):
         checkpoint.load(str(tmp_path), topology, config, lambda m, a, s: None)
+
+
+def test_a_run_directory_removed_mid_run_is_one_error_naming_the_file(tmp_path):
+    import shutil
+
+    from minidp.run.files import RunFiles
+
+    out = tmp_path / "run"
+    rundir.claim(str(out))
+    files = RunFiles(str(out), 0, WORLD)
+    files.start_metrics([])
+    files.append_metrics({"epoch": 1, "test_loss": float("nan")})
+    assert (out / "metrics.jsonl").read_text() == '{"epoch": 1, "test_loss": null}\n'
+    shutil.rmtree(out)  # a user's rm -r, or a scratch file system's purge
+    with pytest.raises(OSError) as failed:
+        files.append_metrics({"epoch": 2})
+    assert str(failed.value) == (f"rank 0: cannot write '{out}/metrics.jsonl': No such file or "
+                                 "directory (ENOENT)")
+    with pytest.raises(OSError) as failed:
+        files.write_results({"w": np.zeros(2)}, {"final": float("inf")})
+    assert str(failed.value) == (f"rank 0: cannot write '{out}/model.npz': No such file or "
+                                 "directory (ENOENT)")
