@@ -79,6 +79,14 @@ MARKS = world.bcast(tempfile.mkdtemp(prefix="minidp-away-") if world.rank == 0 e
 CALLS = iter(range(10 ** 6))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def remove_marks():
+    yield
+    world.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(MARKS, ignore_errors=True)
+
+
 def stop_one_rank(absent, enter, away=lambda: time.sleep(AWAY)):
     """Every rank but ``absent`` calls ``enter()``; ``absent`` calls ``away()`` instead.
 
