@@ -3,12 +3,18 @@
 Run distributed jobs under ``mpiexec -n N python -m mpi4py -m minidp train ...`` or,
 installed, ``mpiexec -n N minidp train ...`` (the console script does what ``-m mpi4py``
 does); without either, minidp installs its own hook, so an exception on one rank still
-aborts every rank. A user error (bad setting, refused --out or --resume, bad
-``MINIDP_*`` variable) is one line ``error: ...`` with exit status 2: printed once, by
-rank 0, when every rank has the same error, and the job ends normally (MPI finalised,
-no abort banner, nothing left in ``/dev/shm``); else printed by each rank, and the job
-is aborted. A run stopped by SIGTERM or SIGUSR1 writes a checkpoint and exits with
-status 3 (:data:`minidp.run.stopping.EXIT_STOPPED`): resume it with ``--resume``.
+aborts every rank. A user error (bad flag or setting, refused --out or --resume, bad
+``MINIDP_*`` variable, a file that cannot be written) is one line ``error: ...`` with exit
+status 2: printed once, by rank 0, when every rank has the same error, and the job ends
+normally (MPI finalised, no abort banner, nothing left in ``/dev/shm``); else printed by
+each rank, and the job is aborted.
+
+Exit status: 0 done; 2 a user error; 3 stopped by SIGTERM, SIGUSR1 or SIGINT (Ctrl-C)
+(:data:`minidp.run.stopping.EXIT_STOPPED`): with a checkpoint, resume it with
+``--resume``, or before the first batch, with nothing to resume; 4 the run diverged (a
+loss, gradient or parameter not finite, :data:`EXIT_DIVERGED`): resume the last
+checkpoint with a lower ``--lr``. ``train`` catches the stop signals as its first
+statement, before MPI starts (:mod:`minidp.run.signals`).
 """
 
 from __future__ import annotations
@@ -21,9 +27,28 @@ import time
 from typing import TYPE_CHECKING
 
 import minidp
+from minidp.run.signals import catch_stop_signals
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+EXIT_DIVERGED = 4  # a loss, gradient or parameter not finite: resume with a lower --lr
+
+
+class ArgumentsRefused(ValueError):
+    """argparse's complaint, raised instead of printed and exited on every rank."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are exceptions, reported as one line.
+
+    Every rank has the same one, so rank 0 prints it once and the job ends normally
+    (argparse's own exit on every rank printed it N times, and ``python -m mpi4py``
+    aborted the job).
+    """
+
+    def error(self, message: str) -> None:  # noqa: D102 (argparse's hook)
+        raise ArgumentsRefused(f"{message} (see {self.prog} --help)")
 
 
 def info(_: argparse.Namespace) -> int:
@@ -64,15 +89,19 @@ def data_prepare(args: argparse.Namespace) -> int:
 AGREE_S = 5.0  # how long a failed rank waits to learn whether every rank failed alike
 
 
-def report_error(exc: BaseException, errors: MPI.Comm) -> int:
+def report_error(exc: BaseException, errors: MPI.Comm, status: int = 2) -> int:
     """Print a user error once if every rank of ``errors`` has it, else per rank and abort.
 
     Every failed rank enters a barrier on ``errors`` (a communicator of its own, so it
     cannot meet another collective); if all ranks arrive within :data:`AGREE_S` seconds,
     their messages are compared without the ``rank N:`` prefix and rank 0 prints the
     common one. Otherwise (one rank failed, or they differ) each prints its own and a job
-    of several ranks is aborted, so no rank is left waiting. Returns the exit status, 2.
+    of several ranks is aborted, so no rank is left waiting. The comparison waits
+    :data:`AGREE_S` seconds, whatever ``--comm-timeout`` or ``MINIDP_COMM_TIMEOUT`` say
+    (they may be the very error being reported). Returns the exit ``status``.
     """
+    from minidp.comm import guard
+
     message = " ".join(str(exc).split("\n"))
     arrived, deadline = errors.Ibarrier(), time.monotonic() + AGREE_S
     while not arrived.Test():
@@ -80,18 +109,20 @@ def report_error(exc: BaseException, errors: MPI.Comm) -> int:
             break
         time.sleep(0.002)
     else:
-        from minidp.comm import guard
-
-        common = {re.sub(r"^rank \d+: ", "", m)
-                  for m in guard.allgather_object(errors, message, "compare error messages")}
+        guard.set_timeout(AGREE_S)  # the job ends here: no later wait needs the user's
+        try:
+            common = {re.sub(r"^rank \d+: ", "", m) for m in
+                      guard.allgather_object(errors, message, "compare error messages")}
+        except guard.CommTimeout:
+            common = set()
         if len(common) == 1:
             if errors.Get_rank() == 0:
                 print(f"error: {common.pop()}", file=sys.stderr, flush=True)
-            return finalized(2)
+            return finalized(status)
     print(f"error: {message}", file=sys.stderr, flush=True)
     if errors.Get_size() > 1:
-        errors.Abort(2)
-    return 2
+        errors.Abort(status)
+    return status
 
 
 def finalized(status: int) -> int:
@@ -99,11 +130,17 @@ def finalized(status: int) -> int:
 
     Under ``python -m mpi4py`` a non-zero exit status of a rank that has not finalised
     MPI aborts the job (a banner per rank, shared-memory files left behind); an outcome
-    that every rank reaches alike is a normal end with that status instead.
+    that every rank reaches alike is a normal end with that status instead. From here on
+    the stop signals are ignored (:meth:`minidp.run.signals.Catcher.retire`): the run's
+    outcome is decided and MPI's shared memory is gone.
     """
     from mpi4py import MPI
 
+    from minidp.run.signals import CATCHER
+
     MPI.Finalize()
+    if CATCHER.installed:  # minidp train: a signal now must not kill the exiting process
+        CATCHER.retire()
     return status
 
 
@@ -111,7 +148,6 @@ def train(args: argparse.Namespace) -> int:
     """Run one training job (every rank); rank 0 prints epochs and the phase table."""
     from mpi4py import MPI
 
-    from minidp import threads
     from minidp.comm import guard
     from minidp.kernels import ensure_compiled
     from minidp.run.files import phase_table
@@ -125,7 +161,8 @@ def train(args: argparse.Namespace) -> int:
     try:
         guard.comm_timeout()  # a bad MINIDP_* is a user error too, reported like a flag
         guard.debug_checks()
-        threads.check()
+        minidp.backend.check_environment()
+        check_threads()
         # A cold kernel cache takes a minute to fill (one rank per node, under a file
         # lock): before the first wait, so it never counts against --comm-timeout.
         ensure_compiled()
@@ -146,7 +183,9 @@ def train(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"{stop} (exit status {EXIT_STOPPED})", file=sys.stderr, flush=True)
         return finalized(EXIT_STOPPED)
-    except (ValueError, TypeError, OSError, FloatingPointError) as exc:
+    except FloatingPointError as exc:
+        return report_error(exc, errors, EXIT_DIVERGED)
+    except (ValueError, TypeError, OSError) as exc:
         return report_error(exc, errors)
     if rank == 0:
         print(phase_table(summary["epochs"]))
@@ -154,15 +193,43 @@ def train(args: argparse.Namespace) -> int:
         print(f"final test accuracy {summary['final']['test_accuracy']:.2%} after "
               f"{summary['wall_s']:.1f} s; bytes sent intra {sent['intra']:,}, inter "
               f"{sent['inter']:,}" + (f", MPI's allreduce (not split by node) {sent['mpi']:,}"
-                                      if sent["mpi"] else ""))
-    return 0
+                                      if sent["mpi"] else ""), flush=True)
+    return finalized(0)
+
+
+def check_threads() -> None:
+    """Refuse an unusable thread setting: not a count, or more threads than cores.
+
+    More BLAS threads per rank than the cores the process may run on only slows it (and
+    ``MINIDP_NUM_THREADS=100000`` would start that many).
+    """
+    from minidp import threads
+
+    threads.check()
+    count, source = threads.choice()
+    cores = threads.available_cores()
+    if source.startswith("MINIDP_NUM_THREADS=") and count > cores:
+        raise ValueError(f"MINIDP_NUM_THREADS: got {count}, allowed: 1 to {cores} (the cores "
+                         "this process may run on; threads per rank)")
+
+
+def refused(exc: ArgumentsRefused) -> int:
+    """A command line argparse refused: one line (rank 0's, under MPI), exit status 2."""
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        return report_error(exc, MPI.COMM_WORLD)
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m minidp``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    catch_stop_signals(argv)  # first: a scheduler's signal does not wait for MPI to start
     from minidp.io.datasets import DATASETS
 
-    parser = argparse.ArgumentParser(prog="python -m minidp", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m minidp", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, MPI, backend, threads").set_defaults(run=info)
     from minidp.run.flags import build_parser
@@ -191,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_arguments(sub.add_parser(
         "replay", help="re-execute an asynchronous run in one process; compare with its model"
     )).set_defaults(run=replay.run)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except ArgumentsRefused as exc:
+        return refused(exc)
     try:
         return args.run(args)
     except (FileNotFoundError, ValueError, TypeError) as exc:
@@ -205,6 +275,7 @@ def console() -> None:
     It installs minidp's abort hook before anything runs, so an uncaught exception on one
     rank prints that rank's traceback and aborts every rank, as ``-m mpi4py`` does.
     """
+    catch_stop_signals(sys.argv[1:])  # before the hook: importing the guard starts MPI
     from minidp.comm import guard
 
     guard.install_abort_hook()

@@ -231,6 +231,13 @@ def select_device(local_rank: int) -> int | None:
     return device
 
 
+def check_environment() -> None:
+    """Raise ValueError if ``MINIDP_BACKEND`` names no backend (``train`` reports it)."""
+    name = os.environ.get("MINIDP_BACKEND", "numpy")
+    if name not in BACKENDS:
+        raise ValueError(f"MINIDP_BACKEND: got {name!r}, allowed: {', '.join(BACKENDS)}")
+
+
 _requested = os.environ.get("MINIDP_BACKEND", "numpy")
-if _requested != "numpy":
+if _requested in BACKENDS[1:]:  # an unknown name never breaks an import: train refuses it
     set_backend(_requested)

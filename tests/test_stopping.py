@@ -4,13 +4,22 @@ The signals are raised by ``--inject-fault RANK:STEP:sigterm|sigusr1``: the real
 runs, at a known step, so where the run stops is deterministic.
 """
 
+import collections
+import glob
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
-from test_train_cli import train
+from spmd import ROOT, environment_outside_mpi
+from test_train_cli import QUICK, train
+
+from minidp.reporting.launcher import mpiexec
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +52,17 @@ def test_a_signal_stops_between_batches_and_resume_is_bit_exact(tmp_path, data_d
                                                                  stopped_at):
     common = ["--strategy", strategy, "--epochs", str(epochs), "--dtype", "float64", *extra]
     whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
-    assert train(common + ["--out", whole], nprocs, data_dir).returncode == 0
     kind = "sigusr1" if strategy == "hsgd" else "sigterm"
+    # The uninterrupted run gets the signal at its very last step: agreed at the end of the
+    # last epoch, it finishes (and says so) rather than promise a checkpoint it never writes.
+    last = epochs * (1200 // nprocs // 16)
+    finished = train(common + ["--out", whole, "--inject-fault", f"1:{last}:{kind}"], nprocs,
+                     data_dir)
+    assert finished.returncode == 0, finished.output
+    assert ("note: a stop signal (on another rank) came during the last epoch; the run "
+            "finished instead of stopping: its results are written, nothing to resume (exit "
+            "status 0)") in finished.output
+    assert not os.path.exists(os.path.join(whole, "checkpoints"))
     stop = train(common + ["--out", parts, "--inject-fault", f"1:{step}:{kind}"], nprocs,
                  data_dir)
     assert stop.returncode == 3, stop.output
@@ -147,3 +165,130 @@ def test_a_bad_fault_is_a_clear_error(tmp_path, data_dir, spec, message):
     assert launch.returncode == 2, launch.output
     assert message in launch.output
     assert "Abort" not in launch.output  # every rank alike: a normal end, not MPI_Abort
+
+
+def rank_processes(launcher):
+    """{rank: pid} of the ranks started under the process ``launcher`` (read from /proc)."""
+    children = collections.defaultdict(list)
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                children[int(f.read().rsplit(")", 1)[1].split()[1])].append(
+                    int(stat.split("/")[2]))
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            continue
+    ranks, todo = {}, [launcher]
+    while todo:
+        pid = todo.pop()
+        todo += children[pid]
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                found = [v for v in f.read().split(b"\0") if v.startswith(b"PMI_RANK=")]
+        except OSError:
+            continue
+        if found:
+            ranks[int(found[0][len("PMI_RANK="):])] = pid
+    return ranks
+
+
+def catches(pid, signum):
+    """Whether the process ``pid`` has a handler for ``signum`` (its SigCgt mask)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def start_job(command, tmp_path):
+    env = environment_outside_mpi(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", MPIEXEC_TIMEOUT="100")
+    return subprocess.Popen([mpiexec(), "-n", "2", *command], cwd=str(tmp_path), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finish_job(job):
+    try:
+        output, _ = job.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        output, _ = job.communicate()
+        pytest.fail(f"the job did not end:\n{output[-4000:]}")
+    return output
+
+
+def test_signals_during_start_up_stop_every_rank_before_the_first_batch(tmp_path, data_dir):
+    """As Slurm's --signal may: SIGTERM to rank 0 and SIGUSR1 to rank 1 while they start.
+
+    The installed ``minidp`` console script, under mpiexec: its handlers are in place
+    (the kernel's SigCgt mask of each rank says so) before MPI starts, and the signals are
+    sent at once, long before the first batch.
+    """
+    out = tmp_path / "job"
+    console = os.path.join(os.path.dirname(sys.executable), "minidp")
+    job = start_job([console, *QUICK[2:], "--data-dir", data_dir, "--batch-size", "16",
+                     "--epochs", "1", "--checkpoint-every", "1", "--resume", "auto", "--out",
+                     str(out)], tmp_path)
+    ranks = {}
+    for _ in range(12000):  # 60 s at most, a hang guard
+        ranks = rank_processes(job.pid)
+        if len(ranks) == 2 and all(catches(pid, signal.SIGTERM) for pid in ranks.values()):
+            break
+        time.sleep(0.005)
+    os.kill(ranks[0], signal.SIGTERM)
+    os.kill(ranks[1], signal.SIGUSR1)
+    output = finish_job(job)
+    assert job.returncode == 3, output
+    for rank, name in ((0, "SIGTERM"), (1, "SIGUSR1")):
+        assert (f"rank {rank}: {name} received during start-up; stopping before the first "
+                "batch (send it again to end now)") in output
+    assert output.count("stopped before the first batch") == 1, output
+    assert ("rank 0: stopped before the first batch: nothing to resume (a signal: SIGTERM on "
+            "this rank) (exit status 3)") in output
+    assert "Abort" not in output and "Traceback" not in output, output
+    assert not out.exists()  # nothing claimed: the requeued job (--resume auto) starts afresh
+
+
+def test_ctrl_c_to_mpiexec_stops_the_job_with_one_line_and_a_checkpoint(tmp_path, data_dir):
+    out = tmp_path / "job"
+    job = start_job([sys.executable, "-m", "mpi4py", *QUICK, "--data-dir", data_dir,
+                     "--batch-size", "16", "--epochs", "50", "--out", str(out)], tmp_path)
+    seen = []
+    for line in job.stdout:  # training starts right after this line
+        seen.append(line)
+        if line.startswith("out: "):
+            break
+    job.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends to mpiexec
+    output = "".join(seen) + finish_job(job)
+    assert job.returncode == 3, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    stopped = [line for line in output.splitlines() if line.startswith("rank ")]
+    assert len(stopped) == 1, output  # one line for the job, rank 0's
+    assert re.fullmatch(r"rank 0: stopped on a signal \(SIGINT on this rank\) (between batches|"
+                        r"at the end of epoch \d+); checkpoint '.*'; continue with --resume "
+                        r"\(exit status 3\)", stopped[0]), output
+    assert os.path.isdir(stopped[0].split("checkpoint '")[1].split("'")[0])
+
+
+@pytest.mark.parametrize("entry", ["main", "console"])
+def test_the_handlers_are_in_place_before_mpi_starts(entry):
+    """``python -m mpi4py -m minidp`` and the console script both reach minidp before MPI."""
+    code = ("import signal, sys\n"
+            "seen = []\n"
+            "install = signal.signal\n"
+            "signal.signal = lambda s, h: (seen.append((int(s), 'mpi4py.MPI' in sys.modules)), "
+            "install(s, h))[1]\n"
+            "from minidp import __main__ as m\n"
+            "sys.argv = ['minidp', 'train', '--help']\n"
+            "try:\n"
+            f"    m.{entry}()\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('FIRST', seen[:3])\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120,
+                          env=environment_outside_mpi(PYTHONPATH=ROOT))
+    first = proc.stdout.split("FIRST ")[-1].strip()
+    assert first == f"[({int(signal.SIGTERM)}, False), ({int(signal.SIGUSR1)}, False), " \
+        f"({int(signal.SIGINT)}, False)]", proc.stdout + proc.stderr

@@ -46,6 +46,7 @@ from mpi4py import MPI
 
 _RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("label", "S104")])
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
+MIN_TIMEOUT_S = 1.0  # of MINIDP_COMM_TIMEOUT: shorter cannot cover the ranks' start-up skew
 NAP_S = 1e-4  # one sleep between polls, when ranks outnumber cores (set_oversubscribed)
 ABORT_GRACE_S = 0.5  # before MPI_Abort, for the launcher to forward this rank's output
 _ROLL_CALL_TAG = 7399  # point-to-point on the world, before any other minidp message
@@ -98,9 +99,9 @@ def comm_timeout() -> float:
             seconds = float(text) if text else 300.0
         except ValueError:
             seconds = math.nan
-        if not (math.isfinite(seconds) and seconds > 0):
+        if not (math.isfinite(seconds) and seconds >= MIN_TIMEOUT_S):
             raise ValueError(f"MINIDP_COMM_TIMEOUT: got {text!r}, allowed: a number of seconds "
-                             "> 0 (e.g. 300)")
+                             f">= {MIN_TIMEOUT_S:g} (e.g. 300)")
         _settings["timeout"] = seconds
     return _settings["timeout"]
 

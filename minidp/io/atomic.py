@@ -10,9 +10,33 @@ the old file (if any) and removes the temporary one.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from typing import Any
+
+
+class WriteFailed(OSError):
+    """A file could not be written (disk full, too large, its directory gone): one line.
+
+    The message names the file and the reason (:func:`write_failed`).
+    """
+
+
+def write_failed(path: str, exc: OSError) -> WriteFailed:
+    """``exc``, raised while writing ``path``, as one line that names the file.
+
+    ``write`` and ``fsync`` report ``[Errno 28] No space left on device`` without a path;
+    the user needs to know which file and where.
+    """
+    if isinstance(exc, WriteFailed):
+        return exc
+    code = errno.errorcode.get(exc.errno or 0)
+    full = exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    return WriteFailed(f"cannot write '{path}': {exc.strerror or exc}" + (f" ({code})" if code
+                                                                          else "")
+                       + ("; free space there (or raise the file size limit) and run again"
+                          if full else ""))
 
 
 def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> None:
@@ -22,6 +46,9 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> No
         path: the file to (re)place.
         write: writes the contents into the open file (it may seek: ``mode`` "wb" allows it).
         mode: ``"w"`` (text) or ``"wb"`` (binary).
+
+    Raises:
+        WriteFailed: the file could not be written; the message names it.
     """
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
@@ -30,6 +57,8 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w") -> No
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        raise write_failed(path, exc) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

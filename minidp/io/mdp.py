@@ -4,7 +4,7 @@ Layout (little-endian; documented byte by byte in ``docs/mdp-format.md``)::
 
     offset  size  field
          0     8  magic b"MINIDP\\x00\\x01"
-         8     4  version (uint32) = 1
+         8     4  version (uint32) = 2
         12     4  header size (uint32) = 128
         16     8  record count N (uint64)
         24     8  record size in bytes (uint64) = sample bytes + label bytes
@@ -16,12 +16,16 @@ Layout (little-endian; documented byte by byte in ``docs/mdp-format.md``)::
         72     8  checksum S1 = sum of payload bytes (uint64, mod 2**64)
         80     8  checksum S2 = sum of (k+1) * byte_k over payload positions k (mod 2**64)
         88     4  flags (uint32): bit 0 = records shuffled at preparation; other bits 0
-        92    36  zero padding
+        92     4  header checksum (uint32): CRC-32 of the 128 header bytes, these 4 as 0
+        96    32  zero padding
        128  N*R  records: sample bytes then label bytes, record i at 128 + i*R
 
-Version 1 files written before the flags existed hold zeros at offset 88, so they read
-as "shuffling not recorded" (``shuffled=False``); a set bit this minidp does not know
-is refused rather than ignored.
+The header checksum is verified first, before any field is used: a flipped bit in the
+number of classes or in a dimension would otherwise train a wrong task or allocate
+what the file does not hold. CRC-32 detects every error of up to 32 consecutive bits.
+Version 1 (before the header checksum) is refused with the command that prepares the
+file again (:class:`OldVersion`). A set flag bit this minidp does not know is refused
+rather than ignored.
 
 The checksum is Fletcher-like rather than a CRC because it can be computed block by
 block and summed: each MPI reader checks its own contiguous block and one
@@ -46,8 +50,10 @@ import dataclasses
 import math
 import os
 import re
+import stat
 import struct
 import sys
+import zlib
 from typing import BinaryIO
 
 import numpy as np
@@ -56,9 +62,10 @@ from minidp.io.atomic import atomic_write
 from minidp.kernels.checksum import byte_checksum as checksum
 
 MAGIC = b"MINIDP\x00\x01"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 128
-_HEADER = struct.Struct("<8sIIQQI4I8s8sIQQI36x")
+_HEADER = struct.Struct("<8sIIQQI4I8s8sIQQII32x")
+HEADER_CHECKSUM_AT = 92  # offset of the header's own CRC-32
 FLAG_SHUFFLED = 1  # bit 0: the records were permuted once when the file was prepared
 KNOWN_FLAGS = FLAG_SHUFFLED
 _CHUNK = 1 << 22  # records are converted and written in 4 MiB pieces
@@ -91,6 +98,11 @@ class Header:
         return FLAG_SHUFFLED if self.shuffled else 0
 
     @property
+    def sealed_checksum(self) -> int:
+        """The header's own CRC-32, as stored at offset 92 (its identity with the payload's)."""
+        return header_checksum(self.pack())
+
+    @property
     def record_dtype(self) -> np.dtype:
         """Structured dtype of one record: fields ``x`` (sample) and ``y`` (label)."""
         return np.dtype([("x", self.sample_dtype, self.sample_shape), ("y", self.label_dtype)])
@@ -98,10 +110,26 @@ class Header:
     def pack(self) -> bytes:
         """The 128 header bytes."""
         dims = list(self.sample_shape) + [0] * (4 - len(self.sample_shape))
-        return _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, self.count, self.record_size,
-                            len(self.sample_shape), *dims, self.sample_dtype.str.encode(),
-                            self.label_dtype.str.encode(), self.num_classes, *self.checksum,
-                            self.flags)
+        return seal(_HEADER.pack(MAGIC, VERSION, HEADER_SIZE, self.count, self.record_size,
+                                 len(self.sample_shape), *dims, self.sample_dtype.str.encode(),
+                                 self.label_dtype.str.encode(), self.num_classes,
+                                 *self.checksum, self.flags, 0))
+
+
+class OldVersion(ValueError):
+    """A file of an older format version: prepare it again (the message says how)."""
+
+
+def header_checksum(raw: bytes) -> int:
+    """CRC-32 of 128 header bytes, its own field (offset 92) counted as zeros."""
+    at = HEADER_CHECKSUM_AT
+    return zlib.crc32(raw[:at] + bytes(4) + raw[at + 4:HEADER_SIZE])
+
+
+def seal(raw: bytes) -> bytes:
+    """The 128 header bytes ``raw`` with their checksum filled in at offset 92."""
+    at = HEADER_CHECKSUM_AT
+    return raw[:at] + header_checksum(raw).to_bytes(4, "little") + raw[at + 4:]
 
 
 def add_checksums(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
@@ -112,24 +140,35 @@ def add_checksums(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
 def read_header(path: str) -> Header:
     """Read and validate the header against the file size.
 
+    The header's own checksum is verified before any field is used, so no corrupt
+    field can size an allocation or change the task.
+
     Raises:
         FileNotFoundError: no such file.
-        ValueError: wrong magic or version, unknown flag bits, inconsistent fields, or a
-            size that disagrees with the record count (truncated or extended file).
+        OldVersion: a file of format version 1 (no header checksum).
+        ValueError: not a regular file, wrong magic, a header checksum mismatch, another
+            version, unknown flag bits, inconsistent fields, or a size that disagrees with
+            the record count (truncated or extended file).
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"dataset file '{path}' does not exist")
-    size = os.path.getsize(path)
+    size = _regular_file_size(path)
     with open(path, "rb") as f:
         raw = f.read(HEADER_SIZE)
     if len(raw) < HEADER_SIZE:
         raise ValueError(f"dataset file '{path}' is truncated: {size} bytes, shorter than "
                          f"the {HEADER_SIZE}-byte header")
     (magic, version, header_size, count, record_size, ndim, d0, d1, d2, d3, sdt, ldt,
-     classes, s1, s2, flags) = _HEADER.unpack(raw)
+     classes, s1, s2, flags, stored) = _HEADER.unpack(raw)
     if magic != MAGIC:
         raise ValueError(f"dataset file '{path}': wrong magic {magic!r}, expected {MAGIC!r} "
                          "(not a minidp dataset file)")
+    if version == 1 and raw[HEADER_CHECKSUM_AT:] == bytes(HEADER_SIZE - HEADER_CHECKSUM_AT):
+        raise OldVersion(f"dataset file '{path}' is of format version 1, whose header has no "
+                         f"checksum; this minidp reads version {VERSION}: prepare it again")
+    if stored != header_checksum(raw):
+        raise ValueError(f"dataset file '{path}': header checksum mismatch (CRC-32 "
+                         f"{header_checksum(raw):#010x} of header bytes 0 to {HEADER_SIZE}, "
+                         f"{stored:#010x} stored at offset {HEADER_CHECKSUM_AT}): the header "
+                         "is corrupt; prepare the file again")
     if version != VERSION or header_size != HEADER_SIZE:
         raise ValueError(f"dataset file '{path}': version {version} with header size "
                          f"{header_size}; this minidp reads version {VERSION} ({HEADER_SIZE})")
@@ -164,6 +203,27 @@ def read_header(path: str) -> Header:
         raise ValueError(f"dataset file '{path}' {what}: the header counts {count} records of "
                          f"{record_size} bytes ({expected} bytes in all), the file has {size}")
     return header
+
+
+def _regular_file_size(path: str) -> int:
+    """The size of ``path``, a regular file; else an error saying what is there."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"dataset file '{path}' does not exist") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"dataset file '{path}' is {file_kind(info.st_mode)}, not a regular "
+                         "file; allowed: an .mdp file (python -m minidp data prepare writes them)")
+    return info.st_size
+
+
+def file_kind(mode: int) -> str:
+    """What a path whose ``st_mode`` is ``mode`` is, in words ("a directory", "a FIFO ...")."""
+    return ("a regular file" if stat.S_ISREG(mode) else
+            "a directory" if stat.S_ISDIR(mode) else
+            "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a special file")
 
 
 def _read_dtype(path: str, field: str, offset: int, raw: bytes, kinds: str) -> np.dtype:

@@ -183,6 +183,26 @@ class Reader(abc.ABC):
         """Collectively check the payload checksum (:func:`verify_checksum` over ``comm``)."""
         verify_checksum(self.path, self.header, self.comm)
 
+    def short_read(self, first: int, end: int, size: int) -> str | None:
+        """The problem of reading file bytes [first, end) from a file now ``size`` bytes long."""
+        if size >= end:
+            return None
+        return (f"dataset file '{self.path}': reading bytes {first} to {end} (rank {self.rank}) "
+                f"found the file {size} bytes long: it is shorter than its header says "
+                "(truncated or replaced while the run read it); prepare it again")
+
+    def agree_whole(self, problem: str | None) -> None:
+        """Collectively raise the first rank's short read, on every rank alike (exit 2).
+
+        A read past the end of a truncated file returns fewer bytes, and the rest of the
+        buffer would be decoded as records; only the reading rank sees it, so the ranks
+        compare (one small allgather per block read) and all end with the same error.
+        """
+        problems = [p for p in guard.allgather_object(self.comm, problem, "dataset read whole")
+                    if p]
+        if problems:
+            raise ValueError(f"rank {self.rank}: {problems[0]}")
+
 
 class MemoryReader(Reader):
     """Whole set in memory; rank r takes slice r of every global batch."""
@@ -190,8 +210,10 @@ class MemoryReader(Reader):
     def __init__(self, path: str, comm: MPI.Comm | None = None, seed: int = 0,
                  limit: int | None = None) -> None:
         super().__init__(path, comm, seed, limit)
-        raw = np.fromfile(path, dtype=np.uint8, offset=HEADER_SIZE,
-                          count=self.count * self.header.record_size)
+        wanted = self.count * self.header.record_size
+        raw = np.fromfile(path, dtype=np.uint8, offset=HEADER_SIZE, count=wanted)
+        self.agree_whole(self.short_read(HEADER_SIZE, HEADER_SIZE + wanted,
+                                         HEADER_SIZE + raw.size))
         self.x, self.y = decode(raw, self.header)
 
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
@@ -239,7 +261,12 @@ class MPIIOReader(Reader):
             self.read_calls += 1
             if b > a:
                 pieces.append(buf)
+        # MPICH's status of a non-blocking read counts the bytes asked, not those read:
+        # the file's size after the read says whether the block was there.
+        short = self.short_read(HEADER_SIZE + start * rs, HEADER_SIZE + stop * rs,
+                                fh.Get_size()) if stop > start else None
         guard.collective(self.comm, "close dataset file", fh.Close)
+        self.agree_whole(short)
         return pieces
 
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
@@ -290,13 +317,17 @@ class LeaderReader(Reader):
         nbytes = (stop - start) * rs
         node, leaders = self.topology.node, self.topology.leaders
         guard.collective(node, "dataset window fence", self.window.Fence)
+        short = None
         if self.topology.is_leader:  # as in MPIIOReader.read_block: every step timed
             fh = guard.collective(leaders, "open dataset file", MPI.File.Open, leaders,
                                   self.path, MPI.MODE_RDONLY)
             guard.wait(fh.Iread_at_all(HEADER_SIZE + start * rs, self.shared[:nbytes]),
                        leaders, "read dataset block")
+            short = self.short_read(HEADER_SIZE + start * rs, HEADER_SIZE + stop * rs,
+                                    fh.Get_size()) if stop > start else None
             guard.collective(leaders, "close dataset file", fh.Close)
         guard.collective(node, "dataset window fence", self.window.Fence)
+        self.agree_whole(short)
         order = epoch_rng(self.seed, epoch, self.topology.node_id).permutation(stop - start)
         n, k = self.samples_per_rank, self.topology.local_rank
         records = self.shared[:nbytes].view(self.header.record_dtype)
@@ -322,11 +353,17 @@ class StridedReader(Reader):
         rs = self.header.record_size
         raw = np.empty(len(indices) * rs, dtype=np.uint8)
         fh = MPI.File.Open(MPI.COMM_SELF, self.path, MPI.MODE_RDONLY)
+        short = None
         try:
             for k, i in enumerate(indices):
                 fh.Read_at(HEADER_SIZE + int(i) * rs, raw[k * rs:(k + 1) * rs])
+            if len(indices):
+                last = HEADER_SIZE + (int(indices.max()) + 1) * rs
+                short = self.short_read(HEADER_SIZE + int(indices.min()) * rs, last,
+                                        fh.Get_size())
         finally:
             fh.Close()
+        self.agree_whole(short)
         return raw
 
 

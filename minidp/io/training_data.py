@@ -22,7 +22,7 @@ import numpy as np
 
 from minidp.comm import Topology, guard
 from minidp.io.datasets import NORMALIZATION, normalize
-from minidp.io.mdp import Header, decode, read_header
+from minidp.io.mdp import Header, OldVersion, decode, read_header
 from minidp.io.prepare import dataset_paths, prepare_dataset
 from minidp.io.readers import (
     EpochStream,
@@ -84,6 +84,8 @@ class TrainingData:
     Attributes:
         reader: the training file's reader (None on a server rank).
         header: the training file's header.
+        identity: what a checkpoint records of each file (:func:`file_identity`), under
+            ``train`` and ``test``.
         samples_per_worker: the training samples of one worker per epoch.
         test_x: this rank's contiguous block of the test set (raw).
         test_y: its labels.
@@ -95,6 +97,7 @@ class TrainingData:
 
     reader: Reader | None
     header: Header
+    identity: dict[str, dict[str, Any]]
     samples_per_worker: int
     test_x: np.ndarray
     test_y: np.ndarray
@@ -135,6 +138,26 @@ def prepare_on_rank0(dataset: str, data_dir: str, topology: Topology) -> tuple[s
     return paths
 
 
+def file_identity(path: str, header: Header) -> dict[str, Any]:
+    """What tells one dataset file from another: its header's and its payload's checksums.
+
+    A checkpoint records it (:mod:`minidp.run.checkpoint`), so ``--resume`` refuses a
+    file rewritten with other records, whatever its name; the path is kept for messages.
+    """
+    return {"path": path, "header_checksum": header.sealed_checksum,
+            "payload_checksum": list(header.checksum)}
+
+
+def _limit(flag: str, value: int | None, path: str, header: Header) -> int:
+    """The records a run uses of the file: ``--train-samples``/``--test-samples`` or all."""
+    if value is None:
+        return header.count
+    if value > header.count:
+        raise ValueError(f"{flag}: got {value}, allowed: 1 to {header.count} (the records in "
+                         f"'{path}'), or unset for all of them")
+    return value
+
+
 def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
                        train_samples: int | None, test_samples: int | None,
                        topology: Topology, verify: bool = True) -> TrainingData:
@@ -143,27 +166,35 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
     ``verify``: check both files' payload checksums collectively (``--no-verify``: skip).
 
     Raises:
-        FileNotFoundError: the files cannot be prepared, or some rank cannot read them
+        FileNotFoundError: the files cannot be prepared, or some ranks cannot read them
             (the message names those ranks: every rank must see the same ``data_dir``).
-        ValueError: on every rank: a checksum mismatch (the file and its byte range).
+        ValueError: on every rank: a file every rank finds unusable (an older format
+            version: the message gives the command that prepares it again), a checksum
+            mismatch (the file and its byte range), or a sample limit above the file's
+            records.
     """
     paths = prepare_on_rank0(dataset, data_dir, topology)
     problem = None
     try:
         headers = [read_header(p) for p in paths]
+    except OldVersion as exc:
+        problem = f"{exc}: python -m minidp data prepare {dataset} --out {data_dir}"
     except (OSError, ValueError) as exc:
         problem = str(exc)
     problems = guard.allgather_object(topology.world, problem, "check dataset files")
     bad = [r for r, p in enumerate(problems) if p]
+    if len(bad) == topology.size and len(set(problems)) == 1:
+        raise ValueError(f"rank {topology.rank}: {problems[0]}")
     if bad:
         raise FileNotFoundError(f"rank {topology.rank}: dataset files unusable on rank(s) "
                                 f"{', '.join(map(str, bad))}: {problems[bad[0]]}; every rank "
                                 "must read the same --data-dir (a shared file system)")
     train, test = paths
+    count = _limit("--train-samples", train_samples, train, headers[0])
+    _limit("--test-samples", test_samples, test, headers[1])
     if verify:
         for path, header in zip(paths, headers):
             verify_checksum(path, header, topology.world)
-    count = headers[0].count if train_samples is None else min(train_samples, headers[0].count)
     if count < topology.num_workers:
         raise ValueError(f"rank {topology.rank}: dataset file '{train}' has {count} samples, "
                          f"fewer than the {topology.num_workers} workers")
@@ -177,5 +208,7 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
     tests = MPIIOReader(test, topology.world, limit=test_samples)
     x, y = decode(np.concatenate(tests.read_block(0) or [np.empty(0, np.uint8)]),
                   tests.header)
-    return TrainingData(train_reader, headers[0], count // topology.num_workers, x, y, dataset,
-                        seed, topology.rank, topology.size)
+    identity = {split: file_identity(p, h) for split, p, h in zip(("train", "test"), paths,
+                                                                    headers)}
+    return TrainingData(train_reader, headers[0], identity, count // topology.num_workers, x,
+                        y, dataset, seed, topology.rank, topology.size)

@@ -5,7 +5,8 @@ and ``flags.py`` (the command line and TOML files that fill it), ``trainer.py`` 
 ``replica.py`` (the GPU path), ``state.py`` and ``checkpoint.py`` (what a checkpoint
 holds, and how it is written and resumed), ``rundir.py`` (one run per directory),
 ``files.py`` (``metrics.jsonl``, ``summary.json``, ``model.npz``, ``trace.json``),
-``stopping.py`` (SIGTERM and SIGUSR1), ``faults.py`` (injected failures), ``console.py``
+``signals.py`` and ``stopping.py`` (SIGTERM, SIGUSR1 and SIGINT: caught before MPI starts,
+then agreed on), ``faults.py`` (injected failures), ``console.py``
 (what rank 0 prints) and ``errors.py``.
 
 Nothing is imported here, so ``minidp.run.errors`` stays light; the public names are

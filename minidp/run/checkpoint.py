@@ -11,9 +11,12 @@ Layout under ``--out``::
                                            (:mod:`minidp.run.stopping`); the rank files also
                                            hold the partial epoch's loss sums
 
-Each rank writes (and fsyncs) its file into ``epoch-0003.tmp``; after a barrier rank 0
-writes ``meta.json`` and renames the directory, so a checkpoint either exists whole or
-not at all (a crash leaves only a ``.tmp`` directory, which is ignored and replaced).
+Each rank writes (and fsyncs) its file into ``epoch-0003.tmp``; once every rank's is
+written rank 0 writes ``meta.json`` and renames the directory, so a checkpoint either
+exists whole or not at all (a crash leaves only a ``.tmp`` directory, which is ignored
+and replaced). Each step is agreed by all ranks (:func:`minidp.run.files.agree`): a write
+that fails on any rank (a full disk) is one error on every rank naming the file, and
+the ``.tmp`` directory is removed.
 Every rank keeps its own file because replicas may differ in their optimizer state
 (momentum is per replica in ``hsgd``, ``hbsgd`` and ``daso``).
 
@@ -23,8 +26,12 @@ are kept, and the one just written is never removed.
 
 Resuming (:func:`load`) first checks what it resumes (:func:`check_resumable`): the
 settings that change the computation (:data:`COMPUTATION`) must be the checkpoint's,
-``--epochs`` may grow unless something depends on the total (a cosine, step or poly
-schedule; DASO's cool-down), and a checkpoint at or past ``--epochs`` is a finished run.
+and so must the dataset files (``meta.json`` records each file's header and payload
+checksums, :func:`minidp.io.training_data.file_identity`: a file rewritten with other
+records is refused, naming it); ``--epochs`` may grow unless something depends on the
+total (a cosine, step or poly schedule; DASO's cool-down), and a checkpoint at or past
+``--epochs`` is a finished run. ``--lr`` may change (the advice after a divergence is to
+resume with a lower rate): the schedule restarts from the new base rate at the saved step.
 Another world size is allowed for ``sync`` only, where every replica holds the same
 state: every rank then loads rank 0's file. That run is not bit-exact with an
 uninterrupted one, because the data split over the ranks (and the global batch, with
@@ -45,11 +52,13 @@ from typing import Any
 import numpy as np
 
 from minidp.comm import Topology, guard
+from minidp.io.atomic import write_failed
 from minidp.run.errors import UsageError
+from minidp.run.files import agree
 
 KEEP = 2
 COMPUTATION = ("model", "dataset", "strategy", "options", "batch_size", "global_batch_size",
-               "lr", "momentum", "nesterov", "weight_decay", "optimizer", "trust_coefficient",
+               "momentum", "nesterov", "weight_decay", "optimizer", "trust_coefficient",
                "schedule", "warmup_epochs", "seed", "train_samples", "test_samples", "reader",
                "ranks_per_node", "dtype", "allreduce")
 TOTAL_SCHEDULES = ("cosine", "step", "poly")  # their steps are counted from --epochs
@@ -89,33 +98,61 @@ def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray]
     root = os.path.join(out, "checkpoints")
     final = os.path.join(root, name(epoch, batch))
     tmp = final + ".tmp"
-    if topology.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    guard.barrier(topology.world, "checkpoint start")
-    path = os.path.join(tmp, f"rank-{topology.rank:05d}.npz")
-    with open(path, "wb") as f:
-        np.savez(f, state=np.frombuffer(json.dumps(state).encode(), np.uint8), **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    if after_write is not None:
-        after_write()
-    guard.barrier(topology.world, "checkpoint written")
-    if topology.rank == 0:
+    rank, world = topology.rank, topology.world
+    path = os.path.join(tmp, f"rank-{rank:05d}.npz")
+
+    def start() -> None:  # a .tmp left by a killed job is replaced, never in the way
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _named(tmp, lambda: os.makedirs(tmp, exist_ok=True))
+
+    def write_own() -> None:
+        def write() -> None:
+            with open(path, "wb") as f:
+                np.savez(f, state=np.frombuffer(json.dumps(state).encode(), np.uint8), **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+        _named(path, write)
+        if after_write is not None:
+            after_write()
+
+    def finish() -> None:  # rank 0: the record, then the rename that makes it whole
+        if rank:
+            return
         sequence = max((_sequence(d) for d in complete(out)), default=0) + 1
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(dict(meta, epoch=epoch, batch=batch, world_size=topology.size,
-                           sequence=sequence, config=config), f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        record = dict(meta, epoch=epoch, batch=batch, world_size=topology.size,
+                      sequence=sequence, config=config)
+        meta_path = os.path.join(tmp, "meta.json")
+        _named(meta_path, lambda: _write_json(meta_path, record))
         shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        _fsync_dir(root)
+        _named(final, lambda: (os.rename(tmp, final), _fsync_dir(root)))
         for old in complete(out)[:-KEEP]:
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
-    guard.barrier(topology.world, "checkpoint renamed")
+
+    try:
+        for step in (start, write_own, finish):  # each step agreed by every rank
+            agree(world, rank, step)
+    except OSError:
+        if rank == 0:  # a failed checkpoint leaves no .tmp behind (the last whole one stays)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final
+
+
+def _named(path: str, write: Callable[[], Any]) -> None:
+    """``write()``; an OSError becomes one line naming ``path`` (a full disk says none)."""
+    try:
+        write()
+    except OSError as exc:
+        raise write_failed(path, exc) from None
+
+
+def _write_json(path: str, record: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _sequence(directory: str) -> int:
@@ -169,19 +206,44 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return found
 
 
+def _other_files(saved: Any, now: dict[str, dict[str, Any]]) -> list[str]:
+    """How the dataset files ``now`` differ from those the checkpoint recorded (``saved``)."""
+    if not isinstance(saved, dict):
+        return ["the checkpoint records no dataset files' checksums (an older minidp wrote "
+                "it), so it cannot tell whether they are the same; start a new run without "
+                "--resume"]
+    found = []
+    for split, file in now.items():
+        old = saved.get(split) if isinstance(saved.get(split), dict) else {}
+        changed = [f"{what}: checkpoint {old.get(key)}, now {file[key]}"
+                   for key, what in (("header_checksum", "header checksum"),
+                                     ("payload_checksum", "payload checksum (S1, S2)"))
+                   if old.get(key) != file[key]]
+        if changed:
+            was = f" (the checkpoint's was '{old.get('path')}')" \
+                if old.get("path") != file["path"] else ""
+            found.append(f"{split} data file '{file['path']}'{was} is another file than the "
+                         f"checkpoint's: {', '.join(changed)}")
+    return found
+
+
 def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: int,
-                    where: str) -> None:
+                    where: str, data: dict[str, dict[str, Any]] | None = None) -> None:
     """Raise UsageError listing every reason the checkpoint ``meta`` cannot continue ``config``.
 
     Args:
-        meta: the checkpoint's meta.json (``epoch``, ``world_size``, ``config``).
+        meta: the checkpoint's meta.json (``epoch``, ``world_size``, ``config``, ``data``).
         config: this run's configuration (``dataclasses.asdict``).
         world_size: this job's number of ranks.
         where: the checkpoint directory, for the message.
+        data: this run's dataset files (``train``, ``test``: path and checksums), compared
+            with the checkpoint's; None skips the comparison.
     """
     saved = meta["config"]
     now = json.loads(json.dumps(config))  # compared as the checkpoint stored it
     problems = _differences(saved, now)
+    if data is not None:
+        problems += _other_files(meta.get("data"), json.loads(json.dumps(data)))
     done, epochs = meta["epoch"], now["epochs"]
     if done >= epochs:
         problems.append(f"the run is complete (checkpoint at epoch {done}, --epochs {epochs}); "
@@ -213,10 +275,12 @@ def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: in
 Restore = Callable[[dict[str, Any], dict[str, np.ndarray], dict[str, Any]], None]
 
 
-def load(out: str, topology: Topology, config: dict[str, Any], restore: Restore) -> dict:
+def load(out: str, topology: Topology, config: dict[str, Any], restore: Restore,
+         data: dict[str, dict[str, Any]] | None = None) -> dict:
     """Collectively check and load the latest checkpoint in ``out``; returns its meta.
 
-    Rank 0 reads ``meta.json`` and checks it against ``config`` (:func:`check_resumable`);
+    Rank 0 reads ``meta.json`` and checks it against ``config`` and ``data`` (the dataset
+    files' identity) (:func:`check_resumable`);
     then every rank reads its file (rank 0's when the world size changed, ``sync`` only)
     and passes ``(meta, arrays, state)`` to ``restore``. A missing, corrupt or incomplete
     file on any rank is one error on every rank naming the file, not a traceback.
@@ -232,7 +296,7 @@ def load(out: str, topology: Topology, config: dict[str, Any], restore: Restore)
                 raise UsageError(f"--resume: no complete checkpoint in "
                                  f"'{os.path.join(out, 'checkpoints')}'")
             meta = _read_meta(written[-1])
-            check_resumable(meta, config, topology.size, written[-1])
+            check_resumable(meta, config, topology.size, written[-1], data)
             found = (written[-1], meta)
         except UsageError as exc:
             found = str(exc)

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from minidp.comm import ALLREDUCE_ALGORITHMS
+from minidp.comm.guard import MIN_TIMEOUT_S
 from minidp.io.datasets import DATASETS
 from minidp.io.readers import READERS
 from minidp.layers import MODELS
@@ -39,6 +40,12 @@ STRATEGY_RATES = {
     "hogwild": (0.05, 0.0), "easgd-rr": (0.1, 0.0), "easgd-async": (0.1, 0.0),
     "easgd-hogwild": (0.1, 0.0), "easgd-sync": (0.1, 0.0), "measgd-async": (0.02, 0.0),
 }
+
+# Bounds of the modelling knobs: a factor or a modelled time beyond them would sleep for
+# years (or overflow time.sleep), and the other ranks would time out waiting.
+MAX_SLOWDOWN = 1000.0
+MAX_LATENCY_US = 1e6  # one second per message
+MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-3, 1e6  # 1 Mbit/s to 1 Pbit/s (0: unlimited)
 
 
 @dataclasses.dataclass
@@ -93,10 +100,10 @@ class TrainConfig:
                 r, f = int(rank), float(factor)
             except ValueError:
                 r, f = -1, 0.0
-            if not sep or r < 0 or not (f >= 1 and f < float("inf")):
+            if not sep or r < 0 or not 1 <= f <= MAX_SLOWDOWN:
                 raise ValueError(f"--slowdown: got {item.strip()!r}, allowed: RANK:FACTOR "
-                                 "with RANK an int >= 0 and FACTOR a finite number >= 1, "
-                                 "comma-separated (e.g. 3:3,1:1.5)")
+                                 f"with RANK an int >= 0 and FACTOR a number in [1, "
+                                 f"{MAX_SLOWDOWN:g}], comma-separated (e.g. 3:3,1:1.5)")
             found[r] = f
         return found
 
@@ -141,13 +148,18 @@ class TrainConfig:
         for name in ("lr", "trust_coefficient"):
             _number(name, getattr(self, name), lambda v: v > 0, "a finite number > 0")
         _number("momentum", self.momentum, lambda v: 0 <= v < 1, "a number in [0, 1)")
-        for name in ("weight_decay", "net_latency_us", "net_bandwidth_gbps"):
-            _number(name, getattr(self, name), lambda v: v >= 0, "a finite number >= 0")
+        _number("weight_decay", self.weight_decay, lambda v: v >= 0, "a finite number >= 0")
+        _number("net_latency_us", self.net_latency_us, lambda v: 0 <= v <= MAX_LATENCY_US,
+                f"a finite number in [0, {MAX_LATENCY_US:g}] (microseconds per message)")
+        _number("net_bandwidth_gbps", self.net_bandwidth_gbps,
+                lambda v: v == 0 or MIN_BANDWIDTH_GBPS <= v <= MAX_BANDWIDTH_GBPS,
+                f"0 (unlimited) or a finite number in [{MIN_BANDWIDTH_GBPS:g}, "
+                f"{MAX_BANDWIDTH_GBPS:g}]")
         self.slowdowns()
         faults.parse(self.inject_fault)
         if self.comm_timeout is not None:
-            _number("comm_timeout", self.comm_timeout, lambda v: v > 0,
-                    "a finite number of seconds > 0")
+            _number("comm_timeout", self.comm_timeout, lambda v: v >= MIN_TIMEOUT_S,
+                    f"a finite number of seconds >= {MIN_TIMEOUT_S:g}")
         if self.resume not in RESUME:
             raise ValueError(f"--resume: got {self.resume!r}, allowed: --resume alone (continue "
                              "the latest checkpoint), --resume auto (continue one if there is "

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -82,11 +83,18 @@ class Injector:
         rank: this rank; faults of other ranks are ignored.
         world_size: ranks of the job; a fault's rank must be one of them.
         servers: the server ranks of the strategy (none for the synchronous family).
-        slowdown: this rank's ``--slowdown`` factor (1: none), a straggler on purpose.
+        slowdowns: ``--slowdown``'s {rank: factor}: stragglers on purpose (a server's
+            computes nothing, so it changes nothing); every rank must be in the world.
     """
 
     def __init__(self, faults: list[Fault], rank: int, world_size: int,
-                 servers: tuple[int, ...] = (), slowdown: float = 1.0) -> None:
+                 servers: tuple[int, ...] = (), slowdowns: dict[int, float] | None = None
+                 ) -> None:
+        slowdowns = slowdowns or {}
+        for r, factor in slowdowns.items():
+            if r >= world_size:
+                raise ValueError(f"--slowdown: rank {r} in '{r}:{factor:g}', allowed: a rank in "
+                                 f"[0, {world_size})")
         for fault in faults:
             if fault.rank >= world_size:
                 raise ValueError(f"--inject-fault: rank {fault.rank} in '{fault}', allowed: a "
@@ -97,7 +105,7 @@ class Injector:
                                  f"{', '.join(SERVER_KINDS)}, kill-in-save")
         self.mine = [f for f in faults if f.rank == rank]
         self.rank = rank
-        self.slowdown = slowdown  # compute-time factor: --slowdown, or a ``slow`` fault
+        self.slowdown = slowdowns.get(rank, 1.0)  # compute-time factor: --slowdown or ``slow``
 
     def _due(self, step: int, kinds: tuple[str, ...]) -> list[str]:
         return [f.kind for f in self.mine if f.step == step and f.kind in kinds]
@@ -133,6 +141,10 @@ class Injector:
         if kind == "raise":
             raise RuntimeError(f"rank {self.rank}: injected fault 'raise' at {where}")
         if kind == "exit":
+            # The launcher reports the first process to exit as rank 0's: name the rank.
+            sys.stderr.write(f"rank {self.rank}: injected fault 'exit' at {where}: leaving with "
+                             "status 1 without finalising MPI\n")
+            sys.stderr.flush()
             os._exit(1)
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -8,65 +8,131 @@ unique to the writing process, fsync, rename), so a crash never leaves half a fi
   trace can never cost the result;
 * ``trace.json``: every rank writes its own part, then rank 0 merges the parts one at
   a time (no process holds every rank's events at once).
+
+The JSON is strict (:func:`strict_json`): a number that is not finite (a diverged run's
+test loss) is ``null``, never the bare ``NaN`` that JSON parsers other than Python's refuse.
+
+A write that fails (a full disk, a file size limit, the directory removed) is one error
+on every rank, naming the file (:meth:`RunFiles.agreed`): most files are written by rank
+0 alone, and an error on one rank only would abort the job.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from minidp.comm import Communicator, guard
-from minidp.io.atomic import atomic_write
+from minidp.io.atomic import atomic_write, write_failed
 from minidp.trace import PHASES
 
 
-class RunFiles:
-    """The output directory of one run, as rank 0 (and, for the trace, every rank) writes it."""
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by None (JSON's null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
 
-    def __init__(self, out: str, rank: int) -> None:
-        self.out, self.rank = out, rank
+
+def strict_json(value: Any, **kwargs: Any) -> str:
+    """``value`` as strict JSON: NaN and infinities become null (``allow_nan=False`` checks)."""
+    return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
+
+
+def agree(world: Communicator, rank: int, write: Callable[..., None], *args: Any) -> None:
+    """``write(*args)`` on every rank of ``world``; an OSError on any rank, on every rank.
+
+    Raises:
+        OSError: the first failed rank's error (the file and why), on every rank alike.
+    """
+    problem = None
+    try:
+        write(*args)
+    except OSError as exc:
+        problem = str(exc)
+    problems = [p for p in guard.allgather_object(world, problem, "run file written") if p]
+    if problems:
+        raise OSError(f"rank {rank}: {problems[0]}")
+
+
+class RunFiles:
+    """The output directory of one run, as rank 0 (and, for the trace, every rank) writes it.
+
+    Every method is collective over ``world``, so a failed write is every rank's error.
+    """
+
+    def __init__(self, out: str, rank: int, world: Communicator) -> None:
+        self.out, self.rank, self.world = out, rank, world
 
     def path(self, name: str) -> str:
         """``out/name``."""
         return os.path.join(self.out, name)
 
+    def agreed(self, write: Callable[..., None], *args: Any) -> None:
+        """``write(*args)`` on every rank, its errors every rank's (:func:`agree`)."""
+        agree(self.world, self.rank, write, *args)
+
     def start_metrics(self, history: list[dict[str, Any]]) -> None:
-        """Rank 0: (re)write metrics.jsonl with the epochs already done (a resumed run's)."""
+        """(Re)write metrics.jsonl with the epochs already done (a resumed run's)."""
         if self.rank == 0:
-            atomic_write(self.path("metrics.jsonl"),
-                         lambda f: f.writelines(json.dumps(m) + "\n" for m in history))
+            lines = "".join(strict_json(m) + "\n" for m in history)
+            self.agreed(atomic_write, self.path("metrics.jsonl"), lambda f: f.write(lines))
+        else:
+            self.agreed(lambda: None)
 
     def append_metrics(self, metrics: dict[str, Any]) -> None:
-        """Rank 0: add one epoch's line, flushed and fsynced (a killed job keeps it)."""
-        if self.rank == 0:
-            with open(self.path("metrics.jsonl"), "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+        """Add one epoch's line, flushed and fsynced (a killed job keeps it)."""
+        self.agreed(self._append if self.rank == 0 else lambda _: None, strict_json(metrics))
+
+    def _append(self, line: str) -> None:
+        path = self.path("metrics.jsonl")
+        try:
+            with open(path, "a") as f:
+                f.write(line + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+        except OSError as exc:
+            raise write_failed(path, exc) from None
 
     def write_results(self, state: dict[str, np.ndarray], summary: dict[str, Any]) -> None:
-        """Rank 0: model.npz and summary.json."""
-        if self.rank == 0:
-            atomic_write(self.path("model.npz"), lambda f: np.savez(f, **state), "wb")
-            atomic_write(self.path("summary.json"), lambda f: json.dump(summary, f, indent=1))
+        """model.npz and summary.json (rank 0)."""
+        def write() -> None:
+            if self.rank == 0:
+                atomic_write(self.path("model.npz"), lambda f: np.savez(f, **state), "wb")
+                text = strict_json(summary, indent=1)
+                atomic_write(self.path("summary.json"), lambda f: f.write(text))
+        self.agreed(write)
 
-    def write_trace(self, events: list[dict[str, Any]], world: Communicator) -> None:
+    def write_trace(self, events: list[dict[str, Any]]) -> None:
         """Every rank writes its events; rank 0 merges them into trace.json, rank by rank."""
-        parts = self.path("trace-parts")
-        if self.rank == 0:
-            os.makedirs(parts, exist_ok=True)
-        guard.barrier(world, "trace parts directory")
+        parts, size = self.path("trace-parts"), self.world.Get_size()
+        self.agreed(self._parts_directory, parts)
         mine = os.path.join(parts, f"rank-{self.rank:05d}.json")
-        atomic_write(mine, lambda f: json.dump(events, f))
-        guard.barrier(world, "trace parts written")
+        self.agreed(atomic_write, mine, lambda f: json.dump(events, f))
+
+        def merge() -> None:
+            if self.rank == 0:
+                atomic_write(self.path("trace.json"), lambda f: _merge(f, parts, size))
+                for r in range(size):
+                    os.remove(os.path.join(parts, f"rank-{r:05d}.json"))
+                os.rmdir(parts)
+        self.agreed(merge)
+
+    def _parts_directory(self, parts: str) -> None:
         if self.rank == 0:
-            atomic_write(self.path("trace.json"), lambda f: _merge(f, parts, world.Get_size()))
-            for r in range(world.Get_size()):
-                os.remove(os.path.join(parts, f"rank-{r:05d}.json"))
-            os.rmdir(parts)
+            try:
+                os.makedirs(parts, exist_ok=True)
+            except OSError as exc:
+                raise write_failed(parts, exc) from None
 
 
 def _merge(out: Any, parts: str, ranks: int) -> None:

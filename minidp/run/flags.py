@@ -17,15 +17,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import stat
 import tomllib
 from typing import Any
 
 from minidp.comm import ALLREDUCE_ALGORITHMS
 from minidp.io.datasets import DATASETS
+from minidp.io.mdp import file_kind
 from minidp.layers import MODELS
 from minidp.run import faults
 from minidp.run.config import BATCH_SIZE, FIELDS, TrainConfig, check_type, flag_name
 from minidp.strategies import names, strategy_class
+
+MAX_CONFIG_BYTES = 1 << 20  # a settings file; anything larger is not one
 
 HELP = {
     "model": f"one of {', '.join(MODELS)}", "dataset": f"one of {', '.join(DATASETS)}",
@@ -75,17 +80,44 @@ def parse_set(items: list[str], strategy: str) -> dict[str, str]:
     return options
 
 
+def read_config_file(path: str) -> bytes:
+    """The bytes of the ``--config`` file: a regular file of at most :data:`MAX_CONFIG_BYTES`.
+
+    Checked before reading: ``/dev/zero`` or a FIFO would be read until memory runs out,
+    or for ever.
+    """
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        why = "does not exist" if isinstance(exc, FileNotFoundError) else exc.strerror
+        raise ValueError(f"--config: '{path}' {why}; allowed: a TOML file of settings") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"--config: '{path}' is {file_kind(info.st_mode)}, not a regular file; "
+                         "allowed: a TOML file of settings")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"--config: '{path}' has {info.st_size} bytes; allowed: a TOML file of "
+                         f"settings, at most {MAX_CONFIG_BYTES} bytes")
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"--config: '{path}' cannot be read: {exc.strerror}") from None
+
+
 def from_toml(path: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(settings, per-strategy option tables) of a TOML config file."""
-    with open(path, "rb") as f:
-        try:
-            data = tomllib.load(f)
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            # TOML is UTF-8: other bytes are a decoding error, not a TOML syntax error
-            raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
-    settings, tables = {}, {}
+    try:
+        data = tomllib.loads(read_config_file(path).decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        # TOML is UTF-8: other bytes are a decoding error, not a TOML syntax error
+        raise ValueError(f"--config {path}: not valid TOML: {exc}") from None
+    settings, tables, keys = {}, {}, {}
     for key, value in data.items():
         name = key.replace("-", "_")
+        if name in keys:  # batch_size and batch-size: one setting, given twice
+            raise ValueError(f"--config {path}: {keys[name]!r} and {key!r} are the same "
+                             "setting; give it once")
+        keys[name] = key
         if isinstance(value, dict):
             try:
                 strategy_class(key)  # a table holds one strategy's options

@@ -78,12 +78,42 @@ def refuse_non_finite(model: layers.Module, topology: Topology, epoch: int) -> N
                                  "resume from the last checkpoint")
 
 
+def check_finite(model: layers.Module, topology: Topology, epoch: int, test_loss: float,
+                 out: str, lr: float) -> None:
+    """A run whose test loss or parameters are not finite stops here, every rank alike.
+
+    Checked at each epoch's end, before its checkpoint: the last checkpoint written is
+    then the last finite state, and the message says how to continue from it.
+
+    Raises:
+        FloatingPointError: on every rank, naming the epoch, what is not finite and the
+            last (finite) checkpoint to resume with a lower ``--lr`` (exit status 4).
+    """
+    bad = first_non_finite(model, "data")
+    worst = world_max(np.array([topology.rank if bad else -1.0]), topology,
+                      "parameters finite")[0]
+    if np.isfinite(test_loss) and worst < 0:
+        return
+    found = [] if np.isfinite(test_loss) else [f"the test loss ({test_loss})"]
+    if worst >= 0:
+        found.append(f"rank {int(worst)}'s parameters")
+    written = checkpoint.complete(out)
+    lower = f"--lr {lr / 10:g}"
+    advice = (f"the last checkpoint, '{written[-1]}', is finite: continue from it with a lower "
+              f"rate, --resume {lower}" if written else
+              f"no checkpoint was written: start again with a lower rate, e.g. {lower}")
+    verb = "is" if worst < 0 else "are"
+    raise FloatingPointError(f"rank {topology.rank}: the run diverged: {' and '.join(found)} "
+                             f"{verb} not finite after epoch {epoch}; {advice}")
+
+
 def _dropouts(model: layers.Module) -> list[layers.Dropout]:
     return [m for _, m in model.named_modules() if isinstance(m, layers.Dropout)]
 
 
 def save(out: str, epoch: int, topology: Topology, config: dict[str, Any], parts: Parts,
-         record: Record, after_write: Callable[[], None] | None = None) -> str:
+         record: Record, data: dict[str, dict[str, Any]],
+         after_write: Callable[[], None] | None = None) -> str:
     """Collectively write the checkpoint after ``epoch`` epochs; returns its directory.
 
     Args:
@@ -93,6 +123,7 @@ def save(out: str, epoch: int, topology: Topology, config: dict[str, Any], parts
         config: the run's configuration (``dataclasses.asdict``), checked on resume.
         parts: this rank's model, strategy, optimizer and scheduler.
         record: the run so far.
+        data: the dataset files' identity (``TrainingData.identity``), checked on resume.
         after_write: called once this rank's file is on disk (a fault injection point).
     """
     refuse_non_finite(parts.model, topology, epoch)
@@ -105,19 +136,22 @@ def save(out: str, epoch: int, topology: Topology, config: dict[str, Any], parts
              "strategy": parts.strategy.state_dict(), "totals": record.totals,
              "partial": record.partial}
     return checkpoint.save(out, epoch, topology, arrays, state,
-                           {"strategy": config["strategy"], "history": record.history},
+                           {"strategy": config["strategy"], "history": record.history,
+                            "data": data},
                            config, batch=record.partial["batch"] if record.partial else 0,
                            after_write=after_write)
 
 
 def restore(out: str, topology: Topology, config: dict[str, Any], parts: Parts,
-            batches: int) -> tuple[int, Record]:
-    """Restore the latest checkpoint in ``out``, checked against ``config``.
+            batches: int, data: dict[str, dict[str, Any]]) -> tuple[int, Record]:
+    """Restore the latest checkpoint in ``out``, checked against ``config`` and ``data``.
 
-    Returns the checkpoint's epoch and the run's record. On another world size
-    (``sync`` only) every rank takes rank 0's state; the scheduler continues at the same
-    epoch (in this job's ``batches`` per epoch), dropout masks restart from (seed, rank,
-    epoch), and the byte counters count from here.
+    Returns the checkpoint's epoch and the run's record. The learning rate is the
+    schedule's (this run's ``--lr``) at the restored step, so a resume with a new
+    ``--lr`` takes it from its first step. On another world size (``sync`` only) every
+    rank takes rank 0's state; the scheduler continues at the same epoch (in this job's
+    ``batches`` per epoch), dropout masks restart from (seed, rank, epoch), and the byte
+    counters count from here.
     """
     record = Record()
 
@@ -134,12 +168,12 @@ def restore(out: str, topology: Topology, config: dict[str, Any], parts: Parts,
                 [config["seed"], topology.rank, meta["epoch"]]).bit_generator.state
         parts.scheduler.last_step = (state["scheduler_step"] if same_world
                                      else meta["epoch"] * batches)
-        parts.optimizer.lr = state["lr"]
+        parts.optimizer.lr = parts.scheduler.schedule(parts.scheduler.last_step)
         parts.strategy.load_state_dict(state["strategy"])
         record.totals = (dict(state["totals"]) if same_world
                          else {"elapsed_s": float(state["totals"]["elapsed_s"]), "steps": 0})
         record.partial = state.get("partial")
         record.history = list(meta["history"])
 
-    meta = checkpoint.load(out, topology, config, load)
+    meta = checkpoint.load(out, topology, config, load, data)
     return int(meta["epoch"]), record

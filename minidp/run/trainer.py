@@ -56,7 +56,7 @@ from minidp.run.console import Explainer, Progress, explain_steps
 from minidp.run.files import RunFiles
 from minidp.run.flags import given_settings
 from minidp.run.replica import replica_for
-from minidp.run.stopping import Stopped, StopSignal
+from minidp.run.stopping import StopSignal
 from minidp.trace import PHASES, Tracer, set_tracer
 
 COUNTERS = tuple(f"{kind}_{c}" for kind in ("bytes", "messages") for c in COUNTED)
@@ -113,7 +113,7 @@ class Trainer:
         self.progress = Progress(self.rank, t.worker_ranks[0], c.progress, c.epochs,
                                  self.batches)
         self.injector = faults.Injector(faults.parse(c.inject_fault), self.rank, self.size,
-                                        tuple(t.server_ranks), c.slowdowns().get(self.rank, 1.0))
+                                        tuple(t.server_ranks), c.slowdowns())
         self.record = train_state.Record()
         self.stop = StopSignal(t.world, self.rank, self.strategy.stops_between_batches)
 
@@ -138,22 +138,25 @@ class Trainer:
                 made the ranks stop and write a checkpoint.
         """
         c, world = self.config, self.topology.world
-        c.out, resuming = rundir.open_run(c.out, c.resume, c.overwrite, world)
-        self.files = RunFiles(c.out, self.rank)
-        start = 0
-        if resuming:
-            start, self.record = train_state.restore(c.out, self.topology, dataclasses.asdict(c),
-                                                     self.parts, self.batches)
-        rundir.write_run_json(c.out, dataclasses.asdict(c), world, self.topology.local_size,
-                              start if resuming else None)
-        if self.rank == 0:
-            partial = self.record.partial
-            after = f"epoch {start}" + (f", batch {partial['batch']}" if partial else "")
-            print(f"out: {c.out}" + (f" (resuming after {after})" if resuming else ""),
-                  flush=True)
-        self.files.start_metrics(self.record.history)
         self.stop.install()
         try:
+            # A signal during start-up stops every rank here, before anything is claimed.
+            self.stop.before_training(lambda: rundir.resumable(c.out, c.resume))
+            c.out, resuming = rundir.open_run(c.out, c.resume, c.overwrite, world)
+            self.files = RunFiles(c.out, self.rank, world)
+            start = 0
+            if resuming:
+                start, self.record = train_state.restore(
+                    c.out, self.topology, dataclasses.asdict(c), self.parts, self.batches,
+                    self.data.identity)
+            self.files.agreed(rundir.write_run_json, c.out, dataclasses.asdict(c), world,
+                              self.topology.local_size, start if resuming else None)
+            if self.rank == 0:
+                partial = self.record.partial
+                after = f"epoch {start}" + (f", batch {partial['batch']}" if partial else "")
+                print(f"out: {c.out}" + (f" (resuming after {after})" if resuming else ""),
+                      flush=True)
+            self.files.start_metrics(self.record.history)
             self._epochs(start)
         finally:
             self.stop.uninstall()  # never collective here: a failing rank must not wait
@@ -166,19 +169,24 @@ class Trainer:
         for epoch in range(start, c.epochs):
             metrics = self.train_epoch(epoch)
             if metrics is None:  # all ranks stopped between batches on a signal
-                self._stopped(self._save(epoch), "between batches")
+                raise self.stop.stopped(self._save(epoch), "between batches")
+            signal = metrics.pop("stop_signal")
             self.record.history.append(metrics)
             self.files.append_metrics(metrics)
             if self.rank == 0:
                 self.progress.epoch_done(metrics)
             done = epoch + 1
-            signalled = metrics.pop("stop_signal") and done < c.epochs
+            train_state.check_finite(self.model, self.topology, done, metrics["test_loss"],
+                                     c.out, c.lr)
+            signalled = signal and done < c.epochs
             stop = bool(c.stop_after) and done - start >= c.stop_after and done < c.epochs
             if signalled or c.checkpoint_every and (done % c.checkpoint_every == 0
                                                     or done == c.epochs or stop):
                 path = self._save(done)
             if signalled:
-                self._stopped(path, f"at the end of epoch {done}")
+                raise self.stop.stopped(path, f"at the end of epoch {done}")
+            if signal and not signalled:  # agreed at the last epoch's end: the work is done
+                self.stop.finishing()
             if stop:
                 break
 
@@ -186,12 +194,8 @@ class Trainer:
         """The checkpoint after ``epoch`` epochs (and the record's partial batches)."""
         return train_state.save(self.config.out, epoch, self.topology,
                                 dataclasses.asdict(self.config), self.parts, self.record,
+                                self.data.identity,
                                 after_write=lambda: self.injector.in_save(epoch))
-
-    def _stopped(self, path: str, where: str) -> None:
-        got = f"{self.stop.received} on this rank" if self.stop.received else "on another rank"
-        raise Stopped(f"rank {self.rank}: stopped on a signal ({got}) {where}; checkpoint "
-                      f"'{path}'; continue with --resume", path)
 
     def train_epoch(self, epoch: int) -> dict[str, Any] | None:
         """One epoch on this rank; returns the epoch's metrics (equal on every rank).
@@ -218,7 +222,7 @@ class Trainer:
         self.stop.settle()
         comm = sum(tr.seconds.get(p, 0.0) for p in ("comm_intra", "comm_inter", "wait"))
         seconds = np.array([tr.seconds.get(p, 0.0) for p in PHASES] +
-                           [comm, time.perf_counter() - started, self.stop.flag[0]])
+                           [comm, time.perf_counter() - started, self.stop.raised])
         world_max(seconds, self.topology, "epoch timers")
         signalled = bool(seconds[-1])
         seconds = seconds[:-1]
@@ -346,7 +350,7 @@ class Trainer:
         totals = self._world_sum(counters)
         summary = self._summary(dict(zip(COUNTERS, totals.astype(int).tolist())))
         self.files.write_results(state, summary)
-        self.files.write_trace(self.tracer.events, self.topology.world)
+        self.files.write_trace(self.tracer.events)
         return summary
 
     def _summary(self, totals: dict[str, int]) -> dict[str, Any]:

@@ -5,7 +5,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -407,7 +406,6 @@ def test_a_killed_worker_ends_the_job(tmp_path):
     root = os.path.dirname(os.path.dirname(here))
     env = environment_outside_mpi(PYTHONPATH=os.pathsep.join([root, here]),
                                   MPIEXEC_TIMEOUT="100", MINIDP_COMM_TIMEOUT="90")
-    started = time.monotonic()
     proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py",
                              str(script)], cwd=root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -418,5 +416,5 @@ def test_a_killed_worker_ends_the_job(tmp_path):
         output, _ = proc.communicate()
         pytest.fail(f"the job outlived its killed worker:\n{output[-3000:]}")
     assert proc.returncode != 0, output
-    assert time.monotonic() - started < 80, output  # ended by the kill, not a timeout
+    assert "CommTimeout" not in output, output  # ended by the kill, not a timeout
     assert re.search(r"signal 9|KILLED", output, re.IGNORECASE), output

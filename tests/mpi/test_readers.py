@@ -151,3 +151,32 @@ def test_leader_reader_shares_each_node_block_disjointly(data_file, ranks_per_no
         blocks.append(reader.block_of(epoch))
     assert sorted(blocks) == list(range(nodes))
     reader.free()
+
+
+@pytest.mark.parametrize("kind", ["mpiio", "leader", "strided"])
+def test_a_file_cut_short_after_it_was_opened_is_one_error_naming_the_bytes(workdir, kind):
+    from minidp.io.readers import LeaderReader
+
+    path = make_file(workdir, f"cut-{kind}.mdp", COUNT)
+    reader = LeaderReader(path) if kind == "leader" else \
+        MPIIOReader(path) if kind == "mpiio" else StridedReader(path)
+    keep = COUNT - 3  # the last 3 records go: the last block (every reader's) is short
+    comm.Barrier()  # every rank has opened it whole
+    if comm.rank == 0:
+        os.truncate(path, mdp.HEADER_SIZE + keep * 16)
+    comm.Barrier()
+    with pytest.raises(ValueError) as refused:
+        reader.epoch(0)
+    message = str(refused.value)
+    assert message.startswith(f"rank {comm.rank}: dataset file '{path}': reading bytes ")
+    assert message.endswith(f"found the file {mdp.HEADER_SIZE + keep * 16} bytes long: it is "
+                            "shorter than its header says (truncated or replaced while the run "
+                            "read it); prepare it again")
+    if kind == "mpiio":  # the last rank reads the last block, from its first record
+        start = mdp.HEADER_SIZE + block_range(comm.size - 1, comm.size, COUNT)[0] * 16
+        assert (f"reading bytes {start} to {mdp.HEADER_SIZE + COUNT * 16} (rank "
+                f"{comm.size - 1}) found") in message
+    # every rank raises the same error (the rank prefix aside): printed once, exit 2
+    assert len({m.split(": ", 1)[1] for m in comm.allgather(message)}) == 1
+    if kind == "leader":
+        reader.free()

@@ -35,7 +35,10 @@ def test_toml_file_with_flags_overriding(tmp_path):
     ("batch-size = 32.0\n", "batch-size: got 32.0 (float), allowed: an int or unset"),
     ("epochs = true\n", "epochs: got True (bool), allowed: an int"),
     ('lr = "0.1"\n', "lr: got '0.1' (str), allowed: a number"),
-    ("net_latency_us = inf\n", "--net-latency-us: got inf, allowed: a finite number >= 0"),
+    ("net_latency_us = inf\n", "--net-latency-us: got inf, allowed: a finite number in [0, "
+                               "1e+06] (microseconds per message)"),
+    ("batch_size = 8\nbatch-size = 16\n", "'batch_size' and 'batch-size' are the same setting; "
+                                          "give it once"),
     ('resume = true\n', "resume: got True (bool), allowed: a string"),
     ("[daso]\nk = 1\n", "table [daso] holds options of 'daso', but the strategy is 'sync'"),
     ("[nope]\nk = 1\n", "table [nope]: strategy: got 'nope', allowed: sync, hsgd, hbsgd, daso"),
@@ -55,7 +58,15 @@ def test_bad_toml(tmp_path, text, message):
     (["--model", "vgg"], "--model: got 'vgg', allowed: mlp, lenet5, cifar_cnn, resnet20"),
     (["--epochs", "0"], "--epochs: got 0, allowed: an int >= 1"),
     (["--momentum", "1.5"], r"--momentum: got 1.5, allowed: a number in \[0, 1\)"),
-    (["--net-latency-us", "inf"], "--net-latency-us: got inf, allowed: a finite number >= 0"),
+    (["--net-latency-us", "inf"], r"--net-latency-us: got inf, allowed: a finite number in \[0, "),
+    (["--net-latency-us", "1e308"], r"--net-latency-us: got 1e\+308, allowed: a finite number "
+                                    r"in \[0, 1e\+06\] \(microseconds per message\)"),
+    (["--net-bandwidth-gbps", "1e-300"], r"--net-bandwidth-gbps: got 1e-300, allowed: 0 "
+                                         r"\(unlimited\) or a finite number in \[0.001, 1e\+06\]"),
+    (["--slowdown", "0:1e308"], r"--slowdown: got '0:1e308', allowed: RANK:FACTOR with RANK an "
+                                r"int >= 0 and FACTOR a number in \[1, 1000\]"),
+    (["--comm-timeout", "1e-9"], "--comm-timeout: got 1e-09, allowed: a finite number of "
+                                 "seconds >= 1"),
     (["--lr", "nan"], "--lr: got nan, allowed: a finite number > 0"),
     (["--comm-timeout", "inf"], "--comm-timeout: got inf, allowed: a finite number of seconds"),
     (["--strategy", "daso", "--set", "daso.staleness_weight=inf"],
@@ -100,3 +111,49 @@ def test_resume_flag_values():
     assert [parse(a).resume for a in ([], ["--resume"], ["--resume", "auto"])] == \
         ["no", "yes", "auto"]
     assert parse(["--resume", "--epochs", "3"]).epochs == 3
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/missing.toml", "--config: '/missing.toml' does not exist; allowed: a TOML file of "
+                      "settings"),
+    ("/dev/zero", "--config: '/dev/zero' is a device, not a regular file; allowed: a TOML file"),
+    ("{dir}", "--config: '{dir}' is a directory, not a regular file"),
+    ("{fifo}", "--config: '{fifo}' is a FIFO (named pipe), not a regular file"),
+    ("{big}", "--config: '{big}' has 1048577 bytes; allowed: a TOML file of settings, at most "
+              "1048576 bytes"),
+])
+def test_a_config_path_that_is_no_settings_file_is_named_before_it_is_read(tmp_path, path,
+                                                                            message):
+    import os
+
+    where = {"dir": str(tmp_path), "fifo": str(tmp_path / "fifo"), "big": str(tmp_path / "big")}
+    os.mkfifo(where["fifo"])  # reading it would wait for a writer for ever
+    (tmp_path / "big").write_text("#" * (1 << 20) + "\n")
+    with pytest.raises(ValueError, match=re.escape(message.format(**where))):
+        parse(["--config", path.format(**where)])
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "0.5", ""])
+def test_a_bad_comm_timeout_variable_is_refused(monkeypatch, value):
+    from minidp.comm import guard
+
+    monkeypatch.setattr(guard, "_settings", {})
+    monkeypatch.setenv("MINIDP_COMM_TIMEOUT", value)
+    if not value:  # unset (empty): the default
+        assert guard.comm_timeout() == 300.0
+        return
+    with pytest.raises(ValueError, match=re.escape(f"MINIDP_COMM_TIMEOUT: got {value!r}, "
+                                                   "allowed: a number of seconds >= 1")):
+        guard.comm_timeout()
+
+
+def test_more_threads_than_cores_is_refused(monkeypatch):
+    from minidp.__main__ import check_threads
+    from minidp.threads import available_cores
+
+    monkeypatch.setenv("MINIDP_NUM_THREADS", "100000")
+    with pytest.raises(ValueError, match=re.escape(
+            f"MINIDP_NUM_THREADS: got 100000, allowed: 1 to {available_cores()} (the cores")):
+        check_threads()
+    monkeypatch.setenv("MINIDP_NUM_THREADS", str(available_cores()))
+    check_threads()

@@ -1,6 +1,8 @@
 """The .mdp format: exact round trip, and every corruption caught with a clear error."""
 
 import os
+import stat
+import zlib
 
 import numpy as np
 import pytest
@@ -52,6 +54,15 @@ def patch(path, offset, data):
         f.write(data)
 
 
+def patch_sealed(path, offset, data):
+    """Change header bytes and seal the header again: as a writer of those values would."""
+    patch(path, offset, data)
+    with open(path, "r+b") as f:
+        raw = f.read(mdp.HEADER_SIZE)
+        f.seek(0)
+        f.write(mdp.seal(raw))
+
+
 def test_truncated_file(tmp_path, arrays):
     path = write(tmp_path, arrays)
     os.truncate(path, os.path.getsize(path) - 5)
@@ -68,14 +79,14 @@ def test_wrong_magic_and_version(tmp_path, arrays):
     with pytest.raises(ValueError, match="wrong magic.*not a minidp dataset file"):
         mdp.read_header(path)
     path = write(tmp_path, arrays)
-    patch(path, 8, (7).to_bytes(4, "little"))
+    patch_sealed(path, 8, (7).to_bytes(4, "little"))
     with pytest.raises(ValueError, match="version 7"):
         mdp.read_header(path)
 
 
 def test_count_that_disagrees_with_the_size(tmp_path, arrays):
     path = write(tmp_path, arrays)
-    patch(path, 16, (36).to_bytes(8, "little"))
+    patch_sealed(path, 16, (36).to_bytes(8, "little"))
     with pytest.raises(ValueError, match="longer than its header says: the header counts 36"):
         mdp.read_header(path)
 
@@ -145,7 +156,7 @@ def test_collective_verification_reads_in_pieces_and_names_the_range(tmp_path, a
 def test_header_fields_are_checked_before_anything_is_allocated(tmp_path, arrays, offset, value,
                                                                 message):
     path = write(tmp_path, arrays)
-    patch(path, offset, value)
+    patch_sealed(path, offset, value)
     with pytest.raises(ValueError, match=rf"dataset file '.*d.mdp'.*{message}"):
         mdp.read_header(path)
 
@@ -186,7 +197,8 @@ def test_shuffled_flag_round_trips_at_offset_88(tmp_path, arrays):
         with open(path, "rb") as f:
             raw = f.read(mdp.HEADER_SIZE)
         assert int.from_bytes(raw[88:92], "little") == flags
-        assert raw[92:] == bytes(36)  # the rest of the padding stays zero
+        assert int.from_bytes(raw[92:96], "little") == zlib.crc32(raw[:92] + bytes(36))
+        assert raw[96:] == bytes(32)  # the rest of the padding stays zero
         read = mdp.read_header(path)
         assert read.shuffled is shuffled and read == header
         x, y, h = mdp.read_mdp(path)
@@ -197,16 +209,16 @@ def test_shuffled_flag_round_trips_at_offset_88(tmp_path, arrays):
 def test_file_without_flags_reads_as_not_shuffled(tmp_path, arrays):
     path = str(tmp_path / "d.mdp")
     mdp.write_mdp(path, *arrays, 10, shuffled=True)
-    patch(path, 88, bytes(4))  # what a file written before the flags existed holds
+    patch_sealed(path, 88, bytes(4))  # what a file written before the flags existed holds
     assert mdp.read_header(path).shuffled is False
 
 
 def test_unknown_flag_bits_are_refused(tmp_path, arrays):
     path = write(tmp_path, arrays)
-    patch(path, 88, (1 | 4).to_bytes(4, "little"))
+    patch_sealed(path, 88, (1 | 4).to_bytes(4, "little"))
     with pytest.raises(ValueError, match=r"d.mdp': unknown flag bits 0x4 in flags 0x5"):
         mdp.read_header(path)
-    patch(path, 88, (1 << 31).to_bytes(4, "little"))
+    patch_sealed(path, 88, (1 << 31).to_bytes(4, "little"))
     with pytest.raises(ValueError, match=r"unknown flag bits 0x80000000.*knows only 0x1"):
         mdp.read_mdp(path)
 
@@ -238,7 +250,7 @@ def test_labels_out_of_range_are_refused_when_written(tmp_path, arrays):
 def test_labels_out_of_range_are_refused_when_decoded(tmp_path, arrays):
     x, y = arrays
     path = write(tmp_path, arrays)
-    patch(path, 68, (5).to_bytes(4, "little"))  # the header now claims 5 classes
+    patch_sealed(path, 68, (5).to_bytes(4, "little"))  # the header now claims 5 classes
     first = int(np.flatnonzero(y >= 5)[0])
     with pytest.raises(ValueError, match=rf"d.mdp': dataset records: label {y[first]} "
                                          rf"\(record {first} of this block\) is outside the "
@@ -253,3 +265,43 @@ def test_labels_out_of_range_are_refused_when_decoded(tmp_path, arrays):
     np.testing.assert_array_equal(x2, x[in_range])
     empty_x, empty_y = mdp.decode(raw[:0], header)
     assert empty_x.shape == (0, 1, 5, 3) and empty_y.shape == (0,)
+
+
+def test_every_bit_of_the_header_is_covered_by_its_checksum(tmp_path, arrays):
+    path = write(tmp_path, arrays)
+    whole = open(path, "rb").read()
+    for bit in range(8 * mdp.HEADER_SIZE):
+        flipped = bytearray(whole[:mdp.HEADER_SIZE])
+        flipped[bit // 8] ^= 1 << bit % 8
+        with open(path, "r+b") as f:
+            f.write(flipped)
+        with pytest.raises(ValueError, match=r"d.mdp': (header checksum mismatch .* the header "
+                                             r"is corrupt; prepare the file again|wrong magic)"):
+            mdp.read_header(path)
+    # the issue's flips: classes 10 -> 138 at byte 68; a dimension of 2**16 or 2**24 more
+    for offset, mask in ((68, 0x80), (70, 0x01), (71, 0x01), (40, 0x01), (42, 0x01)):
+        flipped = bytearray(whole)
+        flipped[offset] ^= mask
+        with open(path, "wb") as f:
+            f.write(flipped)
+        with pytest.raises(ValueError, match="header checksum mismatch"):
+            mdp.read_mdp(path)
+
+
+def test_a_version_1_file_is_refused_as_old(tmp_path, arrays):
+    path = write(tmp_path, arrays)
+    patch(path, 8, (1).to_bytes(4, "little"))
+    patch(path, 92, bytes(4))  # version 1 had no header checksum: zeros there
+    with pytest.raises(mdp.OldVersion, match=r"d.mdp' is of format version 1, whose header "
+                                             r"has no checksum; this minidp reads version 2"):
+        mdp.read_header(path)
+
+
+def test_a_directory_or_fifo_is_named_for_what_it_is(tmp_path):
+    (tmp_path / "dir.mdp").mkdir()
+    os.mkfifo(tmp_path / "fifo.mdp")
+    with pytest.raises(ValueError, match=r"dir.mdp' is a directory, not a regular file"):
+        mdp.read_header(str(tmp_path / "dir.mdp"))
+    with pytest.raises(ValueError, match=r"fifo.mdp' is a FIFO \(named pipe\), not a regular"):
+        mdp.read_header(str(tmp_path / "fifo.mdp"))  # never opened: it would block
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo.mdp").st_mode)

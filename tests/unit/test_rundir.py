@@ -40,19 +40,100 @@ def test_an_older_latest_directory_is_left_alone(tmp_path):
 
 def test_reused_out_is_refused_and_overwrite_clears_only_run_files(tmp_path, capsys):
     out = tmp_path / "run"
+    rundir.claim(str(out))  # a run of minidp's: its run.json holds the claim
     (out / "checkpoints" / "epoch-0001").mkdir(parents=True)
-    for name in ("run.json", "metrics.jsonl", "trace.json", "notes.txt"):
+    (out / "checkpoints" / "epoch-0002.tmp").mkdir()
+    (out / "checkpoints" / "resnet50_epoch90.pt").write_text("the user's")
+    for name in ("metrics.jsonl", "trace.json", "notes.txt"):
         (out / name).write_text("x")
     with pytest.raises(UsageError) as info:
         rundir.open_run(str(out), "no", False, WORLD)
-    assert str(info.value) == (f"--out '{out}' holds another run (run.json, metrics.jsonl, "
-                               "checkpoints, trace.json); pass --resume to continue it, "
-                               "--overwrite to replace it, or no --out for a new directory "
-                               "under runs/")
+    assert str(info.value) == (
+        f"--out '{out}' holds another run (run.json, metrics.jsonl, checkpoints, trace.json; "
+        f"pid {os.getpid()} on host {os.uname().nodename} at "
+        f"{rundir.read_run_json(str(out))[rundir.MARKER]['time']}); pass --resume to continue "
+        "it, --overwrite to replace it, or no --out for a new directory under runs/")
     assert rundir.open_run(str(out), "no", True, WORLD) == (str(out), False)
-    assert sorted(os.listdir(out)) == ["notes.txt"]
+    assert sorted(os.listdir(out)) == ["checkpoints", "notes.txt", "run.json"]
+    assert os.listdir(out / "checkpoints") == ["resnet50_epoch90.pt"]
+    assert rundir.read_run_json(str(out))[rundir.MARKER]["pid"] == os.getpid()  # claimed anew
     assert "--overwrite: removing run.json, metrics.jsonl, checkpoints, trace.json" in \
         capsys.readouterr().out
+
+
+def users_directory(out):
+    """What issue 29 found deleted: a user's files under minidp's names, no run.json."""
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "resnet50_epoch90.pt").write_text("90 epochs of someone's work")
+    (out / "summary.json").write_text('{"top1": 76.1}')
+    return sorted(str(p) for p in out.rglob("*"))
+
+
+@pytest.mark.parametrize("resume, overwrite", [("auto", False), ("no", True), ("no", False)])
+def test_nothing_minidp_did_not_write_is_deleted(tmp_path, resume, overwrite):
+    out = tmp_path / "run"
+    before = users_directory(out)
+    with pytest.raises(UsageError) as info:
+        rundir.open_run(str(out), resume, overwrite, WORLD)
+    assert str(info.value) == (f"--out '{out}' holds summary.json, checkpoints but no run of "
+                               "minidp's (its run.json is missing or not minidp's), and minidp "
+                               "deletes only what it wrote; move them away, or choose another "
+                               "--out")
+    assert sorted(str(p) for p in out.rglob("*")) == before
+    (out / "run.json").write_text('{"config": {}}')  # a run.json, but not minidp's claim
+    with pytest.raises(UsageError, match="holds run.json, summary.json, checkpoints but no run"):
+        rundir.open_run(str(out), resume, overwrite, WORLD)
+
+
+def test_resume_auto_never_deletes_a_run_without_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    rundir.claim(str(out))
+    (out / "summary.json").write_text("{}")  # a finished run, no --checkpoint-every
+    with pytest.raises(UsageError, match=rf"--resume auto: '{out}' holds a run of minidp's "
+                                         rf"\(pid {os.getpid()} .*: run.json, summary.json\) "
+                                         "with no complete checkpoint to continue; --resume auto "
+                                         "never deletes: pass --overwrite"):
+        rundir.open_run(str(out), "auto", False, WORLD)
+    assert sorted(os.listdir(out)) == ["run.json", "summary.json"]
+
+
+def claim_at_once(out, ready, results):
+    """A forked process: wait for the start, then open ``out`` as a job's rank 0 does."""
+    from mpi4py import MPI
+
+    ready.wait()
+    try:
+        rundir.open_run(out, "no", False, MPI.COMM_SELF)
+        results.put((os.getpid(), "claimed"))
+    except UsageError as exc:
+        results.put((os.getpid(), str(exc)))
+
+
+def test_two_jobs_started_together_on_one_out_one_claims_it_20_times(tmp_path):
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    for trial in range(20):
+        out = str(tmp_path / f"race-{trial}")
+        ready, results = fork.Event(), fork.Queue()
+        jobs = [fork.Process(target=claim_at_once, args=(out, ready, results)) for _ in "ab"]
+        for job in jobs:
+            job.start()
+        ready.set()  # both at once
+        outcomes = dict(results.get(timeout=60) for _ in jobs)
+        for job in jobs:
+            job.join(60)
+        winner = [pid for pid, what in outcomes.items() if what == "claimed"]
+        assert len(winner) == 1, outcomes
+        loser = next(what for what in outcomes.values() if what != "claimed")
+        claimed = rundir.read_run_json(out)[rundir.MARKER]
+        assert claimed["pid"] == winner[0]
+        who = f"pid {winner[0]} on host {claimed['host']} at {claimed['time']}"
+        assert loser in (f"--out '{out}' was claimed by another job ({who}, from its run.json); "
+                         "wait for it to end, or choose another --out",
+                         f"--out '{out}' holds another run (run.json; {who}); pass --resume to "
+                         "continue it, --overwrite to replace it, or no --out for a new "
+                         "directory under runs/"), loser
 
 
 def test_resume_choices(tmp_path):
@@ -85,10 +166,15 @@ def test_run_json_records_the_start_and_every_resume(tmp_path, monkeypatch):
     assert first["mpi_library"] and "\x00" not in first["mpi_library"]
     assert first["start_time"].endswith("+00:00")
     assert first["git_commit"] is None or len(first["git_commit"]) == 40
+    assert first[rundir.MARKER]["pid"] == os.getpid()
     rundir.write_run_json(str(tmp_path), dict(config, epochs=4), WORLD, 1, resumed_from=2)
+    rundir.write_run_json(str(tmp_path), dict(config, epochs=4, lr=0.01), WORLD, 1,
+                          resumed_from=3)
     again = json.loads((tmp_path / "run.json").read_text())
     assert again["start_time"] == first["start_time"] and again["config"] == config
-    assert [(r["from_epoch"], r["config"]["epochs"]) for r in again["resumed"]] == [(2, 4)]
+    assert again[rundir.MARKER] == first[rundir.MARKER]
+    assert [(r["from_epoch"], r["config"]["epochs"], r["changed"]) for r in again["resumed"]] \
+        == [(2, 4, {"epochs": [2, 4]}), (3, 4, {"lr": [None, 0.01]})]
     assert [n for n in os.listdir(tmp_path) if "tmp" in n] == []
 
 
@@ -124,12 +210,35 @@ def resumable(**now):
 
 
 def test_resume_lists_every_difference_with_both_values():
-    meta, now = resumable(batch_size=32, lr=0.1, options={"k": 2})
+    meta, now = resumable(batch_size=32, momentum=0.5, options={"k": 2})
     with pytest.raises(UsageError) as info:
         checkpoint.check_resumable(meta, now, 2, "ck")
     assert str(info.value) == ("--resume: cannot continue checkpoint 'ck': sync.k: checkpoint "
-                               "'(unset)', now 2; --batch-size: checkpoint 16, now 32; --lr: "
-                               "checkpoint 0.02, now 0.1")
+                               "'(unset)', now 2; --batch-size: checkpoint 16, now 32; "
+                               "--momentum: checkpoint 0.9, now 0.5")
+    checkpoint.check_resumable(*resumable(lr=0.001), 2, "ck")  # a lower --lr may continue it
+
+
+def identity(header=0x1234ABCD, payload=(7, 9), path="data/s-train.mdp"):
+    file = {"path": path, "header_checksum": header, "payload_checksum": list(payload)}
+    return {"train": file, "test": dict(file, path=path.replace("train", "test"))}
+
+
+def test_resume_refuses_other_dataset_files_naming_them():
+    meta, now = resumable()
+    meta["data"] = identity()
+    checkpoint.check_resumable(meta, now, 2, "ck", identity(path="moved/s-train.mdp"))
+    with pytest.raises(UsageError) as info:
+        checkpoint.check_resumable(meta, now, 2, "ck", dict(identity(), train=identity(
+            header=0x55, payload=(7, 10), path="other/s-train.mdp")["train"]))
+    assert str(info.value) == (
+        "--resume: cannot continue checkpoint 'ck': train data file 'other/s-train.mdp' (the "
+        "checkpoint's was 'data/s-train.mdp') is another file than the checkpoint's: header "
+        "checksum: checkpoint 305441741, now 85, payload checksum (S1, S2): checkpoint [7, 9], "
+        "now [7, 10]")
+    del meta["data"]  # an older minidp's checkpoint cannot tell
+    with pytest.raises(UsageError, match="records no dataset files' checksums"):
+        checkpoint.check_resumable(meta, now, 2, "ck", identity())
 
 
 @pytest.mark.parametrize("now, world, message", [
@@ -174,3 +283,25 @@ def test_bad_checkpoint_is_one_line_naming_the_file(tmp_path):
     with pytest.raises(UsageError, match="meta.json' is not a usable checkpoint record: no "
                                          r"valid config \(a checkpoint of an older minidp"):
         checkpoint.load(str(tmp_path), topology, config, lambda m, a, s: None)
+
+
+def test_a_run_directory_removed_mid_run_is_one_error_naming_the_file(tmp_path):
+    import shutil
+
+    from minidp.run.files import RunFiles
+
+    out = tmp_path / "run"
+    rundir.claim(str(out))
+    files = RunFiles(str(out), 0, WORLD)
+    files.start_metrics([])
+    files.append_metrics({"epoch": 1, "test_loss": float("nan")})
+    assert (out / "metrics.jsonl").read_text() == '{"epoch": 1, "test_loss": null}\n'
+    shutil.rmtree(out)  # a user's rm -r, or a scratch file system's purge
+    with pytest.raises(OSError) as failed:
+        files.append_metrics({"epoch": 2})
+    assert str(failed.value) == (f"rank 0: cannot write '{out}/metrics.jsonl': No such file or "
+                                 "directory (ENOENT)")
+    with pytest.raises(OSError) as failed:
+        files.write_results({"w": np.zeros(2)}, {"final": float("inf")})
+    assert str(failed.value) == (f"rank 0: cannot write '{out}/model.npz': No such file or "
+                                 "directory (ENOENT)")

@@ -169,7 +169,7 @@ def test_guard_reads_its_variables_when_needed(monkeypatch):
     monkeypatch.setenv("MINIDP_COMM_TIMEOUT", "5m")
     monkeypatch.setenv("MINIDP_DEBUG", "maybe")
     with pytest.raises(ValueError, match="MINIDP_COMM_TIMEOUT: got '5m', allowed: a number of "
-                                         "seconds > 0"):
+                                         "seconds >= 1"):
         guard.comm_timeout()
     with pytest.raises(ValueError, match="MINIDP_DEBUG: got 'maybe', allowed: 0 or 1"):
         guard.debug_checks()
