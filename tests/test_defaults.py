@@ -2,9 +2,9 @@
 
 One 4-rank job (2 virtual nodes x 2) runs each strategy for 3 epochs with the command
 line's defaults (tests/scripts/strategy_defaults.py) on the 5,000 MNIST digits that
-``make demo`` falls back to; each must raise its test accuracy every epoch. ``hsgd`` runs
-the 5 epochs of ``make demo`` (LeNet-5, 4 ranks as 2 x 2, the same defaults) and must
-reach the 85% the demo promises.
+``make demo`` falls back to; each must lower its test loss every epoch (and end the 3
+epochs more accurate than the first). ``hsgd`` runs the 5 epochs of ``make demo``
+(LeNet-5, 4 ranks as 2 x 2, the same defaults) and must reach the 85% the demo promises.
 """
 
 import json
@@ -37,10 +37,14 @@ def test_every_strategy_improves_every_epoch_with_the_defaults(tmp_path):
                                           launch.output.splitlines() if line.startswith("{"))}
     assert set(results) == set(names())
     for strategy, r in results.items():
-        accuracy = r["accuracy"]
+        accuracy, loss = r["accuracy"], r["loss"]
         assert r["batch_size"] == 32, r
         assert accuracy[0] > 0.1, r  # above chance after the first epoch
-        assert all(b > a for a, b in zip(accuracy[:3], accuracy[1:3])), r
+        # Improves every epoch: the test loss falls. The accuracy of 1,000 test digits moves
+        # in steps of 0.1% and an asynchronous run's order is the scheduler's, so an epoch of
+        # a loaded machine can lose a point while the loss still falls; over 3 epochs it rises.
+        assert all(b < a for a, b in zip(loss[:3], loss[1:3])), r
+        assert accuracy[2] > accuracy[0], r
     assert results[DEMO]["accuracy"][-1] >= 0.85, results[DEMO]
     # DASO's defaults (Heat's 4 warm-up and 4 cool-down epochs) leave 3 epochs no cycle
     warnings = [line for line in launch.output.splitlines() if "warning: daso" in line]

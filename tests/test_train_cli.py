@@ -12,6 +12,7 @@ import pytest
 from spmd import ROOT, WATCHDOG_FIRED, run_spmd
 
 from minidp.io import mdp
+from minidp.run.config import TrainConfig
 
 QUICK = ["-m", "minidp", "train", "--dataset", "synthetic", "--model", "mlp",
          "--train-samples", "1200", "--test-samples", "400", "--no-progress"]
@@ -330,7 +331,8 @@ def test_resume_takes_a_new_lr_diverges_to_a_finite_checkpoint_and_refuses_other
         np.testing.assert_allclose(step2, 2 * step1, rtol=1e-6, atol=1e-15)
     assert np.abs(after[0]["1.weight"] - before["1.weight"]).max() > 0
     changed = json.load(open(os.path.join(runs["lr1"], "run.json")))["resumed"][0]["changed"]
-    assert changed == {"lr": [0.05, 0.01], "out": [runs["base"], runs["lr1"]]}  # out: copied
+    default_lr = TrainConfig(strategy="sync").check().lr  # the base run's: sync's default
+    assert changed == {"lr": [default_lr, 0.01], "out": [runs["base"], runs["lr1"]]}  # copied
     # diverged: the rate of 1e300 sends the parameters past float64's range in one step
     ended_alike(launch, 4)
     assert launch.output.count("error: ") == 1, launch.output

@@ -179,7 +179,7 @@ class Workers:
         self.reader = open_reader(c["reader"], train, MPI.COMM_SELF, c["seed"],
                                   c["train_samples"])
         self.reader.size = len(run.workers)
-        self.data = TrainingData(self.reader, self.header, self.reader.samples_per_rank,
+        self.data = TrainingData(self.reader, self.header, {}, self.reader.samples_per_rank,
                                  np.empty(0, np.uint8), np.empty(0, np.int64), c["dataset"],
                                  c["seed"], 0, run.summary["world_size"])
         self.open: dict[int, tuple[int, Batches]] = {}  # worker -> (epoch, its batches)

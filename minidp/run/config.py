@@ -27,12 +27,13 @@ RESUME = ("no", "yes", "auto")
 BATCH_SIZE = 32  # per worker, when neither --batch-size nor --global-batch-size is given
 
 # (lr, momentum) of a strategy when --lr / --momentum are not given. Chosen so that every
-# strategy's test accuracy rises every epoch for 3 epochs on mnist-5k (LeNet-5, batch 32
-# per worker, 4 ranks; tests/mpi/test_defaults.py) and `make demo` reaches 85%
+# strategy's test loss falls every epoch for 3 epochs on mnist-5k (LeNet-5, batch 32
+# per worker, 4 ranks; tests/test_defaults.py) and `make demo` reaches 85%
 # (docs/configuration.md). Momentum 0 where the strategy applies plain SGD (its
-# --momentum would be unused); amsgd's server momentum mixes stale gradients, which adds
-# momentum of its own, so it keeps less; the elastic workers' plain SGD is pulled back
-# towards the centre at every exchange, so it takes larger steps.
+# --momentum would be unused; softsync's server too, unless server_momentum); amsgd's
+# server momentum mixes stale gradients, which adds momentum of its own, so it keeps
+# less; the elastic workers' plain SGD is pulled back towards the centre at every
+# exchange, so it takes larger steps.
 MOMENTUM_SGD = (0.02, 0.9)
 STRATEGY_RATES = {
     "sync": MOMENTUM_SGD, "hsgd": MOMENTUM_SGD, "hbsgd": MOMENTUM_SGD, "daso": MOMENTUM_SGD,

@@ -6,8 +6,8 @@ Each configuration is parsed by ``minidp train``'s own parser from nothing but
 ``--strategy``, ``--epochs``, the data set (mnist-5k, prepared in DIR/data) and the
 virtual nodes (2 x 2); learning rate, momentum, batch size and every option are the
 defaults. The epochs are the Trainer's ``train_epoch`` (no run directory is written).
-Rank 0 prints one JSON line per run: the settings used and the test accuracy after
-each epoch.
+Rank 0 prints one JSON line per run: the settings used and the test accuracy and loss
+after each epoch.
 """
 
 import argparse
@@ -28,7 +28,9 @@ for item in sys.argv[2:]:
             "--no-progress"]
     config = from_args(build_parser(argparse.ArgumentParser()).parse_args(argv))
     trainer = Trainer(config)
-    accuracy = [trainer.train_epoch(epoch)["test_accuracy"] for epoch in range(config.epochs)]
+    epochs = [trainer.train_epoch(epoch) for epoch in range(config.epochs)]
     if MPI.COMM_WORLD.rank == 0:
         print(json.dumps({"strategy": strategy, "lr": config.lr, "momentum": config.momentum,
-                          "batch_size": trainer.batch_size, "accuracy": accuracy}), flush=True)
+                          "batch_size": trainer.batch_size,
+                          "accuracy": [m["test_accuracy"] for m in epochs],
+                          "loss": [m["test_loss"] for m in epochs]}), flush=True)
