@@ -22,7 +22,9 @@ above the highest in the directory, the :data:`KEEP` most recently written check
 are kept, and the one just written is never removed.
 
 Resuming (:func:`load`) first checks what it resumes (:func:`check_resumable`): the
-settings that change the computation (:data:`COMPUTATION`) must be the checkpoint's,
+settings that change the computation (:data:`COMPUTATION`) must be the checkpoint's (the
+node of every rank, recorded in ``meta.json``, stands for ``--ranks-per-node``, so that
+virtual nodes continue a run on real ones of the same layout and the reverse),
 ``--epochs`` may grow unless something depends on the total (a cosine, step or poly
 schedule; DASO's cool-down), and a checkpoint at or past ``--epochs`` is a finished run.
 Another world size is allowed for ``sync`` only, where every replica holds the same
@@ -105,7 +107,8 @@ def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray]
         sequence = max((_sequence(d) for d in complete(out)), default=0) + 1
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(dict(meta, epoch=epoch, batch=batch, world_size=topology.size,
-                           sequence=sequence, config=config), f, indent=1)
+                           nodes=topology.nodes_of_ranks, sequence=sequence, config=config),
+                      f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         shutil.rmtree(final, ignore_errors=True)
@@ -153,10 +156,15 @@ def _read_meta(directory: str) -> dict[str, Any]:
     return meta
 
 
-def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``--flag: checkpoint A, now B`` for every computation setting that differs."""
+def _differences(saved: dict[str, Any], now: dict[str, Any], layout: bool) -> list[str]:
+    """``--flag: checkpoint A, now B`` for every computation setting that differs.
+
+    ``layout``: the node of every rank is compared instead of ``--ranks-per-node``.
+    """
     found = []
     for name in COMPUTATION:
+        if name == "ranks_per_node" and layout:
+            continue
         if name == "options":
             old, new = saved.get("options") or {}, now.get("options") or {}
             for key in sorted(set(old) | set(new)):
@@ -170,7 +178,7 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: int,
-                    where: str) -> None:
+                    where: str, nodes: list[int] | None = None) -> None:
     """Raise UsageError listing every reason the checkpoint ``meta`` cannot continue ``config``.
 
     Args:
@@ -178,10 +186,18 @@ def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: in
         config: this run's configuration (``dataclasses.asdict``).
         world_size: this job's number of ranks.
         where: the checkpoint directory, for the message.
+        nodes: this job's node of every rank (``Topology.nodes_of_ranks``). When the
+            checkpoint recorded its own, the two layouts are compared instead of
+            ``--ranks-per-node``: 2 virtual nodes of 2 on one machine continue a run
+            on 2 hosts of 2 ranks, and the reverse.
     """
     saved = meta["config"]
     now = json.loads(json.dumps(config))  # compared as the checkpoint stored it
-    problems = _differences(saved, now)
+    layout = nodes is not None and isinstance(meta.get("nodes"), list)
+    problems = _differences(saved, now, layout)
+    if layout and meta["world_size"] == world_size and meta["nodes"] != nodes:
+        problems.append(f"nodes (the node of each rank): checkpoint {meta['nodes']}, now "
+                        f"{nodes}")
     done, epochs = meta["epoch"], now["epochs"]
     if done >= epochs:
         problems.append(f"the run is complete (checkpoint at epoch {done}, --epochs {epochs}); "
@@ -232,7 +248,8 @@ def load(out: str, topology: Topology, config: dict[str, Any], restore: Restore)
                 raise UsageError(f"--resume: no complete checkpoint in "
                                  f"'{os.path.join(out, 'checkpoints')}'")
             meta = _read_meta(written[-1])
-            check_resumable(meta, config, topology.size, written[-1])
+            check_resumable(meta, config, topology.size, written[-1],
+                            topology.nodes_of_ranks)
             found = (written[-1], meta)
         except UsageError as exc:
             found = str(exc)

@@ -19,8 +19,9 @@ same :class:`~minidp.run.config.UsageError` when the directory is refused.
 
 ``run.json``, written by rank 0 at the start (atomically), records what the run was:
 configuration, versions, git commit, command line, world size, ranks per node, the host
-of every rank, MPI library, ``SLURM_JOB_ID`` and start time. A resumed run keeps the
-first record and appends one record per restart to its ``resumed`` list.
+of every rank and MPI's machines (shared-memory nodes), MPI library, ``SLURM_JOB_ID`` and
+start time. A resumed run keeps the first record and appends one record per restart to its
+``resumed`` list.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 import minidp
 from minidp.comm import Communicator, guard, mpi_library, versions
+from minidp.comm.topology import machines
 from minidp.io.atomic import atomic_write
 from minidp.run import checkpoint
 from minidp.run.errors import UsageError
@@ -182,7 +184,12 @@ def git_commit(directory: str) -> str | None:
 
 
 def run_record(config: dict[str, Any], comm: Communicator, ranks_per_node: int) -> dict[str, Any]:
-    """What ``run.json`` says about this start (collective: every rank's host is gathered)."""
+    """What ``run.json`` says about this start (collective: every rank's host is gathered).
+
+    ``hosts`` is every rank's hostname; ``machines`` MPI's shared-memory nodes with their
+    hosts and ranks (one per host on a cluster); ``nodes`` says whether the run's nodes
+    are those (``"machines"``) or virtual nodes of ``--ranks-per-node`` (``"virtual"``).
+    """
     hosts = guard.allgather_object(comm, socket.gethostname(), "run.json hosts")
     record = {
         "config": config,
@@ -190,6 +197,8 @@ def run_record(config: dict[str, Any], comm: Communicator, ranks_per_node: int) 
         "git_commit": git_commit(os.path.dirname(os.path.abspath(minidp.__file__))),
         "command": list(sys.argv),
         "world_size": comm.Get_size(), "ranks_per_node": ranks_per_node, "hosts": hosts,
+        "machines": machines(comm),
+        "nodes": "machines" if config.get("ranks_per_node") is None else "virtual",
         "mpi_library": mpi_library(),
         "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
