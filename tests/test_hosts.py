@@ -11,9 +11,11 @@ Needs root and ``ip netns`` (skipped with the reason otherwise). docs/reliabilit
 "Two real hosts on one machine", has the figures these tests print (``pytest -rP``).
 """
 
+import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,10 +25,14 @@ import time
 import numpy as np
 import pytest
 from hosts import Hosts, available
+from hosts_cli import host_cpus
 from hosts_names import cleanup_stale
 from spmd import ROOT, Launch
 
 from minidp.reporting.launcher import mpiexec
+from minidp.simulate.command import add_arguments
+from minidp.simulate.predict import setup
+from minidp.simulate.validate import compare
 
 OK, WHY = available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"no real hosts here: {WHY}")
@@ -276,3 +282,23 @@ def test_a_rank_stopped_on_host_2_ends_the_job_and_is_named(hosts, tmp_path,
     assert after < STOPPED_TIMEOUT + 20, done.output
     print(f"stopped rank 3 on {hosts.names[1]}: job ended {after:.1f} s later, "
           f"exit {done.returncode}")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores: one per host")
+def test_simulate_validates_against_the_two_host_job(synthetic_data_dir):
+    """``simulate --validate --real-nodes``: each host on a core of its own, as virtual
+    nodes are bound in tests/test_simulate.py; docs/reliability.md has both figures."""
+    with Hosts(2, cpus=host_cpus(2, 1)) as made:
+        args = add_arguments(argparse.ArgumentParser()).parse_args([
+            "--nodes", "2", "--ranks-per-node", "2", "--strategy", "hsgd", "--model", "mlp",
+            "--dataset", "synthetic", "--samples", "2048", "--epochs", "2",
+            "--net-latency-us", "50", "--net-bandwidth-gbps", "1", "--validate",
+            "--real-nodes", "--mpiexec-args", shlex.join(made.mpiexec_args(2, count=False)),
+            "--data-dir", synthetic_data_dir])
+        [row] = compare(args, setup(args))
+    h0, h1 = made.names
+    assert row.command.endswith(f"# on {h0} (ranks 0-1), {h1} (ranks 2-3)"), row.command
+    assert "--ranks-per-node" not in row.command and "-bind-to" not in row.command
+    assert row.epochs == [2] and 0 < row.measured_comm_share < 1
+    print(f"hsgd on 2 hosts: predicted {row.predicted.seconds:.2f} s, measured "
+          f"{row.measured_s:.2f} s ({row.error:+.0%})")
