@@ -9,9 +9,9 @@ proxies call it back at that address. The file system (``/tmp``, the checkout, t
 shared, as NFS is on a cluster.
 
 Hydra starts one ``hydra_pmi_proxy`` per host through its ``ssh`` launcher; the
-``-launcher-exec`` it is given is a shell script written here that stands in for ssh: it
-takes ``-x HOST CMD...``, clears the environment as a login would, enters the host's
-namespaces and runs CMD through ``sh -c``::
+``-launcher-exec`` it is given is a shell script (tests/hosts_wrapper.py) that stands in
+for ssh: it takes ``-x HOST CMD...``, clears the environment as a login would, enters the
+host's namespaces and runs CMD through ``sh -c``::
 
     with Hosts(2) as hosts:
         subprocess.run([mpiexec, *hosts.mpiexec_args(ranks_per_host=2), python, "-m",
@@ -35,7 +35,6 @@ import json
 import os
 import random
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -58,12 +57,7 @@ from hosts_names import (
     run_tool,
     tool,
 )
-
-# ssh gives a remote command a login environment, not the caller's: the wrapper does the
-# same, so that whatever the ranks see was passed by Hydra (-genvall, its default) and a
-# job that works here also works with a real ssh launcher.
-LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-WRAPPER_TOOLS = ("ip", "unshare", "mount", "hostname", "sh")
+from hosts_wrapper import WRAPPER_TOOLS, write_launcher
 
 
 def _lock_path() -> Path:
@@ -278,69 +272,8 @@ class Hosts:
 
     def _write_files(self) -> None:
         """One /etc/hosts per host, and the launcher wrapper."""
-        # Inside a namespace the machine's /etc/hosts maps its own name to 127.0.0.1 and
-        # knows no other host: each host gets a file naming all of them at their link
-        # addresses, as a cluster's would. The machine's name maps to the bridge, where
-        # mpiexec listens (Hydra calls back at that name when `-iface` is not given).
-        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-                 f"{self.bridge_address}\t{self.bridge} {socket.gethostname()}"]
-        lines += [f"{addr}\t{name}" for name, addr in self.addresses.items()]
-        for name in self.names:
-            (self.workdir / f"hosts.{name}").write_text("\n".join(lines) + "\n")
-        self.wrapper = self.workdir / "ssh-wrapper.sh"
-        self.wrapper.write_text(self._wrapper_text())
-        self.wrapper.chmod(0o755)
-
-    def _wrapper_text(self) -> str:
-        """The stand-in for ssh that Hydra runs as ``WRAPPER -x HOST CMD...``."""
-        tools = {name: tool(name) for name in (*WRAPPER_TOOLS, "taskset")}
-        needed = [n for n in WRAPPER_TOOLS + (("taskset",) if self.cpus else ()) if not tools[n]]
-        if needed:
-            raise RuntimeError(f"missing tools: {', '.join(needed)}")
-        q = shlex.quote
-        home = os.environ.get("HOME", "/root")
-        user = os.environ.get("USER") or os.environ.get("LOGNAME") or "root"
-        login = (f"PATH={LOGIN_PATH} HOME={q(home)} USER={q(user)} LOGNAME={q(user)} "
-                 "SHELL=/bin/sh")
-        start = f"env -i {login}" if self.clean_env else "env"
-        if self.cpus:
-            start += f' {q(tools["taskset"])} -c "$cpus"'
-        cases = "\n".join(
-            f"  {name}) cpus={','.join(map(str, self.cpus[name])) if self.cpus else ''} ;;"
-            for name in self.names)
-        # Runs inside the host's new UTS, IPC and mount namespaces: the mounts belong to
-        # this proxy and its ranks and vanish with them, so nothing needs unmounting.
-        inner = (
-            'host=$1; dir=$2; cmd=$3\n'
-            f'{q(tools["hostname"])} "$host" || exit 255\n'
-            f'{q(tools["mount"])} -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm || exit 255\n'
-            f'{q(tools["mount"])} --bind "$dir/hosts.$host" /etc/hosts || exit 255\n'
-            # ssh hands the remote shell one string: re-parse it, which also strips the
-            # literal quotes Hydra puts around the proxy's path. The inner `exec` replaces
-            # the shell by the proxy, so that Hydra's signals reach the proxy itself.
-            'exec /bin/sh -c "exec $cmd"\n')
-        return f"""#!/bin/sh
-# Written by tests/hosts.py for instance {self.prefix}: stands in for ssh in
-#   mpiexec -launcher ssh -launcher-exec THIS -iface {self.bridge} -hosts ...
-# Hydra runs it as `THIS -x HOST CMD...`; it runs CMD in network namespace HOST with new
-# UTS, IPC and mount namespaces: hostname HOST, a private /dev/shm and /etc/hosts.
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -x|-T|-q|-n) shift ;;   # ssh flags Hydra may pass; they mean nothing here
-    *) break ;;
-  esac
-done
-host=${{1-}}
-[ $# -gt 0 ] && shift
-case "$host" in
-{cases}
-  *) echo "hosts wrapper: unknown host '$host' (hosts: {' '.join(self.names)})" >&2
-     exit 255 ;;
-esac
-exec {start} {q(tools["ip"])} netns exec "$host" \\
-  {q(tools["unshare"])} --uts --ipc --mount --propagation private \\
-  {q(tools["sh"])} -c {q(inner)} hosts-wrapper "$host" {q(str(self.workdir))} "$*"
-"""
+        self.wrapper = write_launcher(self.workdir, self.prefix, self.addresses, self.bridge,
+                                      self.bridge_address, self.cpus, self.clean_env)
 
     def _start_counter_service(self) -> None:
         """Serve the link counters on a Unix socket, for jobs that bracket their own phases."""

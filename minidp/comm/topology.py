@@ -22,6 +22,11 @@ Without servers, nodes must be even (every node the same size): every hierarchic
 mean in minidp is then a mean of equal groups, and an uneven layout is a clear error
 on every rank. With servers the worker nodes may be uneven; the parameter-server
 strategies do not average over nodes.
+
+Virtual nodes must lie inside real ones, since a node's window is shared memory: on
+several hosts, a ``ranks_per_node`` that would put one node on two machines is refused
+on every rank, naming the machines and the values allowed. :func:`machines` lists the
+real nodes (hosts and their ranks), for ``minidp info`` and ``run.json``.
 """
 
 from __future__ import annotations
