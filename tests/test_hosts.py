@@ -42,7 +42,7 @@ EPOCHS = 2
 DASO = {"warmup_epochs": 1, "cooldown_epochs": 0}  # epoch 2 cycles
 CASES = {
     **{f"sync-{a}": {"strategy": "sync", "allreduce": a} for a in (
-        "mpi", "ring", "recursive_doubling", "hierarchical", "hierarchical_leader")},
+        "mpi", "ring", "hierarchical", "hierarchical_leader")},
     "hsgd": {"strategy": "hsgd"},
     "hsgd-parameters": {"strategy": "hsgd", "options": {
         "average": "parameters", "level1_period": 2, "level2_period": 4}},
@@ -172,8 +172,6 @@ FLAT_SHARE_ACROSS = {
     "sync-mpi": 1 / 3,
     # the ring 0 -> 1 -> 2 -> 3 -> 0: only the sends of ranks 1 and 3 leave their host
     "sync-ring": 1 / 2,
-    # the whole buffer per round: pairs 0-1 and 2-3 stay in a host, 0-2 and 1-3 cross
-    "sync-recursive_doubling": 1 / 2,
 }
 
 

@@ -70,11 +70,11 @@ def _span(ranks) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
 
 
-def _places(comm: MPI.Comm, machine: MPI.Comm) -> list[tuple[int, str]]:
+def _places(comm: MPI.Comm, machine: MPI.Comm, operation: str) -> list[tuple[int, str]]:
     """For every rank of ``comm``: (the first rank of its machine, the machine's name)."""
     first = guard.bcast_object(machine, comm.Get_rank() if machine.Get_rank() == 0 else None,
-                               0, _SET_UP)
-    return guard.allgather_object(comm, (first, MPI.Get_processor_name()), _SET_UP)
+                               0, operation)
+    return guard.allgather_object(comm, (first, MPI.Get_processor_name()), operation)
 
 
 def machines(comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
@@ -85,10 +85,10 @@ def machines(comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
     ``minidp info`` and ``run.json`` report them.
     """
     comm = comm if comm is not None else MPI.COMM_WORLD
-    machine = guard.collective(comm, _SET_UP, comm.Split_type, MPI.COMM_TYPE_SHARED,
+    machine = guard.collective(comm, "find machines", comm.Split_type, MPI.COMM_TYPE_SHARED,
                                key=comm.Get_rank())
-    places = _places(comm, machine)
-    guard.collective(machine, _SET_UP, machine.Free)
+    places = _places(comm, machine, "find machines")
+    guard.collective(machine, "find machines", machine.Free)
     nodes: dict[int, dict[str, Any]] = {}
     for rank, (first, host) in enumerate(places):
         nodes.setdefault(first, {"host": host, "ranks": []})["ranks"].append(rank)
@@ -157,7 +157,7 @@ class Topology:
         larger than a host's ranks (or not dividing them) would put one node's window
         across hosts, which MPI refuses deep inside the first allocation.
         """
-        places = _places(self.world, machine)
+        places = _places(self.world, machine, _SET_UP)
 
         def inside(start: int, size: int) -> bool:
             return len({first for first, _ in places[start:start + size]}) == 1
