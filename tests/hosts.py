@@ -395,10 +395,6 @@ class Hosts:
         return {"tx": read("rx_bytes"), "rx": read("tx_bytes"),
                 "tx_packets": read("rx_packets"), "rx_packets": read("tx_packets")}
 
-    def sent(self) -> int:
-        """Bytes sent by all hosts together so far (each byte crossed one link out)."""
-        return sum(self.link_bytes(name)["tx"] for name in self.names)
-
 
 def request_link_bytes(path: str | None = None, timeout: float = 10.0) -> dict:
     """From inside a job: every host's link counters now, from the parent's service.
