@@ -20,7 +20,8 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 
-.PHONY: venv test test-gpu test-faults mutants fuzz test-unit test-nojit test-min data demo lint bench torch clean
+.PHONY: venv test test-gpu test-faults mutants fuzz test-unit test-nojit test-min data demo \
+	hosts test-hosts lint bench torch clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -115,6 +116,31 @@ demo: venv data
 	echo "dataset: $$dataset"; \
 	$(MPIEXEC) -n 4 $(BIN)/python -m mpi4py -m minidp train --strategy hsgd \
 	  --ranks-per-node 2 --model lenet5 --dataset $$dataset --epochs 5
+
+# The demo's job on real hosts of this machine (needs root and `ip netns`; tests/hosts.py):
+# HOSTS network namespaces, each with its own hostname, /dev/shm and veth link, and
+# RANKS_PER_HOST ranks on each. minidp takes MPI's nodes (one per host: no
+# --ranks-per-node), so the node windows are per host and the rails cross the links over
+# TCP. It prints the bytes each link carried and tears everything down, also on Ctrl-C.
+# HOSTS_ARGS adds or overrides train flags (e.g. HOSTS_ARGS="--epochs 1 --strategy daso").
+# Unlike `make demo` it installs no data set: Fashion-MNIST if there, else the MNIST sample.
+# `make test-hosts` runs the real-host tests alone and prints their figures
+# (docs/reliability.md, "Two real hosts on one machine"); `make test` runs them too.
+HOSTS ?= 2
+RANKS_PER_HOST ?= 2
+HOSTS_ARGS ?=
+
+hosts: venv
+	@dataset=$$([ -d $(FASHION_MNIST) ] && echo fashion-mnist || echo mnist-5k); \
+	echo "dataset: $$dataset"; \
+	$(BIN)/python tests/hosts_cli.py run --hosts $(HOSTS) --ranks-per-host $(RANKS_PER_HOST) \
+	  --timeout 900 -- $(CURDIR)/$(BIN)/python -m mpi4py -m minidp train --strategy hsgd \
+	  --model lenet5 --dataset $$dataset --epochs 5 --batch-size 64 --lr 0.05 --momentum 0.9 \
+	  $(HOSTS_ARGS)
+
+test-hosts: venv
+	$(BIN)/python -m pytest -q -rP tests/test_hosts.py tests/test_stopped_rank.py \
+	  tests/unit/test_real_hosts.py
 
 bench: venv
 	$(BIN)/python benchmarks/bench_ops.py

@@ -52,18 +52,26 @@ class Parser(argparse.ArgumentParser):
 
 
 def info(_: argparse.Namespace) -> int:
-    """Print versions, MPI library, backend and thread settings."""
+    """Print versions, MPI library, this rank's host, the job's machines, backend, threads.
+
+    Under ``mpiexec`` every rank prints; ``machines`` (collective) lists MPI's
+    shared-memory nodes of the job with their hosts and ranks: the nodes a run without
+    ``--ranks-per-node`` takes.
+    """
     import numba
     from mpi4py import MPI
 
     from minidp import threads
     from minidp.comm import mpi_library, versions
+    from minidp.comm.topology import machines
 
     report = {
         **versions(), "numba": numba.__version__,
         "numba_jit": not numba.config.DISABLE_JIT,
         "mpi_library": mpi_library(),
-        "mpi_world_size": MPI.COMM_WORLD.Get_size(), "backend": minidp.get_backend(),
+        "mpi_world_size": MPI.COMM_WORLD.Get_size(), "mpi_rank": MPI.COMM_WORLD.Get_rank(),
+        "host": MPI.Get_processor_name(), "machines": machines(MPI.COMM_WORLD),
+        "backend": minidp.get_backend(),
         "gpu": minidp.backend.gpu_info(), "threads": threads.thread_info(),
     }
     print(json.dumps(report, indent=2))

@@ -12,7 +12,8 @@
     messages, sizes), moved as bytes by ``Ibcast`` / ``Iallgatherv``;
   - :func:`collective`: what MPI has no non-blocking form of (``Split``,
     ``Win.Allocate_shared``, ``Win.Fence``, ``File.Open``, ``Free``): a timed barrier,
-    then the call;
+    then the call under a watchdog (a rank stopped between the two would hold the others
+    inside MPI, where no poll runs: the watchdog names it and ends the process);
   - :func:`wait_peer`, :func:`sendrecv`, :func:`probe_peer`: point-to-point, timing out
     naming the silent peer;
   - :func:`roll_call`: a barrier that names missing ranks before the board exists.
@@ -37,6 +38,7 @@ import math
 import os
 import pickle
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -44,7 +46,8 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-_RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("label", "S104")])
+_RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("pid", "i8"),
+                    ("label", "S96")])
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
 MIN_TIMEOUT_S = 1.0  # of MINIDP_COMM_TIMEOUT: shorter cannot cover the ranks' start-up skew
 NAP_S = 1e-4  # one sleep between polls, when ranks outnumber cores (set_oversubscribed)
@@ -136,7 +139,7 @@ class _Board:
         memory = MPI.buffer.fromaddress(base.address, n * _RECORD.itemsize)
         self.records = np.ndarray(buffer=memory, dtype=_RECORD, shape=(n,))
         self.mine = self.records[self.node.Get_rank()]
-        self.mine["waiting"], self.mine["count"] = 0, 0
+        self.mine["waiting"], self.mine["count"], self.mine["pid"] = 0, 0, os.getpid()
         self.mine["label"], self.mine["since"] = b"start", time.time()
         # world rank -> slot on this node (absent: another real node)
         self.slots = {w: s for s, w in enumerate(
@@ -152,16 +155,23 @@ class _Board:
         return count
 
     def enter(self, label: str, count: int) -> None:
-        self.mine["count"], self.mine["label"] = count, label.encode()[:104]
+        self.mine["count"], self.mine["label"] = count, label.encode()[:96]
         self.mine["since"], self.mine["waiting"] = time.time(), 1
 
     def leave(self) -> None:
         self.mine["waiting"], self.mine["since"] = 0, time.time()
 
+    def members(self, comm: MPI.Comm) -> list[int]:
+        """The world ranks of ``comm``'s ranks."""
+        return MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
+                                         self.world.Get_group())
+
     def missing(self, comm: MPI.Comm, label: str, count: int) -> list[str]:
         """Descriptions of the ranks of comm not waiting in this same call."""
-        members = MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
-                                            self.world.Get_group())
+        return self.absent(self.members(comm), label, count)
+
+    def absent(self, members: list[int], label: str, count: int) -> list[str]:
+        """Descriptions of the world ranks ``members`` not waiting in this same call."""
         now, lines = time.time(), []
         for world_rank in members:
             slot = self.slots.get(world_rank)
@@ -169,13 +179,24 @@ class _Board:
                 lines.append(f"rank {world_rank}: on another node, state not visible here")
                 continue
             rec = self.records[slot]
-            there = rec["label"].decode()
-            if rec["waiting"] and there == label and rec["count"] == count:
+            there, stopped = rec["label"].decode(), _stopped(int(rec["pid"]))
+            if rec["waiting"] and there == label and rec["count"] == count and not stopped:
                 continue
             state = "waiting in" if rec["waiting"] else "last in"
-            lines.append(f"rank {world_rank}: never arrived ({state} {there!r} #{rec['count']}, "
+            # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.
+            what = f"process {rec['pid']} stopped" if stopped else "never arrived"
+            lines.append(f"rank {world_rank}: {what} ({state} {there!r} #{rec['count']}, "
                          f"{max(0.0, now - rec['since']):.1f} s ago)")
         return lines
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is stopped (Linux's state T or t)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 _board: dict[str, _Board] = {}
@@ -246,10 +267,42 @@ def collective(comm: MPI.Comm, operation: str, call: Callable[..., _T], /, *args
     timed :func:`barrier` first, so a rank that never comes is named; the call itself
     then only waits for ranks that have just arrived.
 
+    A rank stopped (or lost) after the others saw it in the barrier, before it reached
+    the call, still holds them inside the call, where no poll can time out: a watchdog
+    thread then names the ranks of this node that are not in the call and ends this
+    process with status 2, so that the launcher ends the job.
+
     Example: ``guard.collective(world, "split nodes", world.Split, color, key=rank)``.
     """
     barrier(comm, operation)
-    return call(*args, **kwargs)
+    label, board = f"{operation} on {comm.Get_name()}", _board.get("board")
+    count = board.call(label) if board else 0
+    # Asked now: the watchdog reads only the board, no MPI, while this thread is inside MPI.
+    members = board.members(comm) if board else []
+    watchdog = threading.Timer(comm_timeout(), _blocked,
+                               (label, count, members, MPI.COMM_WORLD.Get_rank()))
+    watchdog.daemon = True
+    if board:
+        board.enter(label, count)
+    watchdog.start()
+    try:
+        return call(*args, **kwargs)
+    finally:
+        watchdog.cancel()
+        if board:
+            board.leave()
+
+
+def _blocked(label: str, count: int, members: list[int], rank: int) -> None:
+    """The watchdog of :func:`collective`: say who is not in the call, end this process."""
+    board = _board.get("board")
+    details = board.absent(members, label, count) if board else []
+    sys.stderr.write(f"error: rank {rank}: {label!r} blocked inside MPI for {comm_timeout():g} s "
+                     "(MINIDP_COMM_TIMEOUT) after every rank had come to its barrier: a rank "
+                     "stopped or died before the call; "
+                     + ("; ".join(details) or "every rank of this node is in it") + "\n")
+    sys.stderr.flush()
+    os._exit(2)  # the main thread cannot raise from inside MPI; the launcher ends the job
 
 
 def bcast_object(comm: MPI.Comm, obj: Any, root: int, operation: str) -> Any:

@@ -22,12 +22,18 @@ Without servers, nodes must be even (every node the same size): every hierarchic
 mean in minidp is then a mean of equal groups, and an uneven layout is a clear error
 on every rank. With servers the worker nodes may be uneven; the parameter-server
 strategies do not average over nodes.
+
+Virtual nodes must lie inside real ones, since a node's window is shared memory: on
+several hosts, a ``ranks_per_node`` that would put one node on two machines is refused
+on every rank, naming the machines and the values allowed. :func:`machines` lists the
+real nodes (hosts and their ranks), for ``minidp info`` and ``run.json``.
 """
 
 from __future__ import annotations
 
 import platform
 from collections import Counter
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -56,6 +62,37 @@ def versions() -> dict[str, str]:
 
     return {"minidp": minidp.__version__, "python": platform.python_version(),
             "numpy": np.__version__, "mpi4py": mpi4py.__version__}
+
+
+def _span(ranks) -> str:
+    """``ranks 2-3`` or ``rank 2``, for messages."""
+    ranks = list(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+
+
+def _places(comm: MPI.Comm, machine: MPI.Comm, operation: str) -> list[tuple[int, str]]:
+    """For every rank of ``comm``: (the first rank of its machine, the machine's name)."""
+    first = guard.bcast_object(machine, comm.Get_rank() if machine.Get_rank() == 0 else None,
+                               0, operation)
+    return guard.allgather_object(comm, (first, MPI.Get_processor_name()), operation)
+
+
+def machines(comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
+    """The real nodes of ``comm``: MPI's shared-memory groups, whatever ``--ranks-per-node``.
+
+    Collective. One ``{"host": name, "ranks": [ranks of comm]}`` per node, in the order of
+    their first ranks; the name is ``MPI.Get_processor_name()`` (the hostname with MPICH).
+    ``minidp info`` and ``run.json`` report them.
+    """
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    machine = guard.collective(comm, "find machines", comm.Split_type, MPI.COMM_TYPE_SHARED,
+                               key=comm.Get_rank())
+    places = _places(comm, machine, "find machines")
+    guard.collective(machine, "find machines", machine.Free)
+    nodes: dict[int, dict[str, Any]] = {}
+    for rank, (first, host) in enumerate(places):
+        nodes.setdefault(first, {"host": host, "ranks": []})["ranks"].append(rank)
+    return list(nodes.values())
 
 
 class Topology:
@@ -87,6 +124,8 @@ class Topology:
         world_node = self._world_node(ranks_per_node)
         # The rank's index on its machine (virtual nodes aside): which GPU it takes.
         machine = world_node if ranks_per_node is None else self._machine()
+        if ranks_per_node is not None:
+            self._refuse_nodes_across_machines(ranks_per_node, machine)
         self.host_rank = machine.Get_rank()
         guard.set_oversubscribed(machine.Get_size() * threads.threads_per_rank() >
                                  threads.available_cores())
@@ -110,6 +149,34 @@ class Topology:
         """The ranks that share this rank's memory (its real node)."""
         return guard.collective(self.world, _SET_UP, self.world.Split_type,
                                 MPI.COMM_TYPE_SHARED, key=self.rank)
+
+    def _refuse_nodes_across_machines(self, ranks_per_node: int, machine: MPI.Comm) -> None:
+        """Virtual nodes must lie inside real ones: a node's window is shared memory.
+
+        On one machine every virtual node does; on several hosts, ``--ranks-per-node``
+        larger than a host's ranks (or not dividing them) would put one node's window
+        across hosts, which MPI refuses deep inside the first allocation.
+        """
+        places = _places(self.world, machine, _SET_UP)
+
+        def inside(start: int, size: int) -> bool:
+            return len({first for first, _ in places[start:start + size]}) == 1
+
+        for start in range(0, self.size, ranks_per_node):
+            if inside(start, ranks_per_node):
+                continue
+            block = range(start, start + ranks_per_node)
+            hosts: dict[str, list[int]] = {}
+            for r in block:
+                hosts.setdefault(places[r][1], []).append(r)
+            allowed = [g for g in range(1, self.size + 1) if self.size % g == 0 and
+                       all(inside(s, g) for s in range(0, self.size, g))]
+            raise ValueError(
+                f"rank {self.rank}: ranks_per_node {ranks_per_node}: virtual node "
+                f"{start // ranks_per_node} ({_span(block)}) spans machines ("
+                + "; ".join(f"{_span(r)} on {h}" for h, r in hosts.items())
+                + f"), but a node's ranks share memory; allowed here: "
+                f"{', '.join(map(str, allowed))}, or none to take MPI's nodes")
 
     def _world_node(self, ranks_per_node: int | None) -> MPI.Comm:
         if ranks_per_node is None:

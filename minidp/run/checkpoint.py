@@ -25,11 +25,13 @@ above the highest in the directory, the :data:`KEEP` most recently written check
 are kept, and the one just written is never removed.
 
 Resuming (:func:`load`) first checks what it resumes (:func:`check_resumable`): the
-settings that change the computation (:data:`COMPUTATION`) must be the checkpoint's,
-and so must the dataset files (``meta.json`` records each file's header and payload
-checksums, :func:`minidp.io.training_data.file_identity`: a file rewritten with other
-records is refused, naming it); ``--epochs`` may grow unless something depends on the
-total (a cosine, step or poly schedule; DASO's cool-down), and a checkpoint at or past
+settings that change the computation (:data:`COMPUTATION`) must be the checkpoint's (the
+node of every rank, recorded in ``meta.json``, stands for ``--ranks-per-node``, so that
+virtual nodes continue a run on real ones of the same layout and the reverse), and so
+must the dataset files (``meta.json`` records each file's header and payload checksums,
+:func:`minidp.io.training_data.file_identity`: a file rewritten with other records is
+refused, naming it); ``--epochs`` may grow unless something depends on the total (a
+cosine, step or poly schedule; DASO's cool-down), and a checkpoint at or past
 ``--epochs`` is a finished run. ``--lr`` may change (the advice after a divergence is to
 resume with a lower rate): the schedule restarts from the new base rate at the saved step.
 Another world size is allowed for ``sync`` only, where every replica holds the same
@@ -121,7 +123,7 @@ def save(out: str, epoch: int, topology: Topology, arrays: dict[str, np.ndarray]
             return
         sequence = max((_sequence(d) for d in complete(out)), default=0) + 1
         record = dict(meta, epoch=epoch, batch=batch, world_size=topology.size,
-                      sequence=sequence, config=config)
+                      nodes=topology.nodes_of_ranks, sequence=sequence, config=config)
         meta_path = os.path.join(tmp, "meta.json")
         _named(meta_path, lambda: _write_json(meta_path, record))
         shutil.rmtree(final, ignore_errors=True)
@@ -190,10 +192,15 @@ def _read_meta(directory: str) -> dict[str, Any]:
     return meta
 
 
-def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``--flag: checkpoint A, now B`` for every computation setting that differs."""
+def _differences(saved: dict[str, Any], now: dict[str, Any], layout: bool) -> list[str]:
+    """``--flag: checkpoint A, now B`` for every computation setting that differs.
+
+    ``layout``: the node of every rank is compared instead of ``--ranks-per-node``.
+    """
     found = []
     for name in COMPUTATION:
+        if name == "ranks_per_node" and layout:
+            continue
         if name == "options":
             old, new = saved.get("options") or {}, now.get("options") or {}
             for key in sorted(set(old) | set(new)):
@@ -228,7 +235,8 @@ def _other_files(saved: Any, now: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: int,
-                    where: str, data: dict[str, dict[str, Any]] | None = None) -> None:
+                    where: str, data: dict[str, dict[str, Any]] | None = None,
+                    nodes: list[int] | None = None) -> None:
     """Raise UsageError listing every reason the checkpoint ``meta`` cannot continue ``config``.
 
     Args:
@@ -238,10 +246,18 @@ def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: in
         where: the checkpoint directory, for the message.
         data: this run's dataset files (``train``, ``test``: path and checksums), compared
             with the checkpoint's; None skips the comparison.
+        nodes: this job's node of every rank (``Topology.nodes_of_ranks``). When the
+            checkpoint recorded its own, the two layouts are compared instead of
+            ``--ranks-per-node``: 2 virtual nodes of 2 on one machine continue a run
+            on 2 hosts of 2 ranks, and the reverse.
     """
     saved = meta["config"]
     now = json.loads(json.dumps(config))  # compared as the checkpoint stored it
-    problems = _differences(saved, now)
+    layout = nodes is not None and isinstance(meta.get("nodes"), list)
+    problems = _differences(saved, now, layout)
+    if layout and meta["world_size"] == world_size and meta["nodes"] != nodes:
+        problems.append(f"nodes (the node of each rank): checkpoint {meta['nodes']}, now "
+                        f"{nodes}")
     if data is not None:
         problems += _other_files(meta.get("data"), json.loads(json.dumps(data)))
     done, epochs = meta["epoch"], now["epochs"]
@@ -296,7 +312,8 @@ def load(out: str, topology: Topology, config: dict[str, Any], restore: Restore,
                 raise UsageError(f"--resume: no complete checkpoint in "
                                  f"'{os.path.join(out, 'checkpoints')}'")
             meta = _read_meta(written[-1])
-            check_resumable(meta, config, topology.size, written[-1], data)
+            check_resumable(meta, config, topology.size, written[-1], data,
+                            topology.nodes_of_ranks)
             found = (written[-1], meta)
         except UsageError as exc:
             found = str(exc)

@@ -55,6 +55,9 @@ ENVIRONMENT = {
     "lines when `mpiexec`'s stderr is one, nothing when output goes to files or pipes (CI, "
     "batch jobs); `bar`, `lines` or `off` choose; `--no-progress` wins",
     "MINIDP_PROGRESS_SECONDS": "seconds between two progress lines (default 2)",
+    "MINIDP_MPIEXEC_ARGS": "`simulate --validate --real-nodes`: extra `mpiexec` arguments that "
+    "place the job on real nodes (default of `--mpiexec-args`; `tests/hosts_cli.py shell` "
+    "sets it for two hosts on one machine)",
     "XDG_CACHE_HOME": "Numba's compiled kernels go to `$XDG_CACHE_HOME/minidp/numba` (default "
     "`~/.cache/minidp/numba`) unless `NUMBA_CACHE_DIR` is set",
     "SLURM_JOB_ID": "recorded in the run's `run.json`",

@@ -31,9 +31,10 @@ same :class:`~minidp.run.config.UsageError` when the directory is refused.
 
 ``run.json``, rewritten by rank 0 once the run starts (atomically, the marker kept),
 records what the run was: configuration, versions, git commit, command line, world size,
-ranks per node, the host of every rank, MPI library, ``SLURM_JOB_ID`` and start time. A
-resumed run keeps the first record and appends one record per restart to its
-``resumed`` list, with the settings that changed (``--lr``, ``--epochs``).
+ranks per node, the host of every rank and MPI's machines (shared-memory nodes), MPI
+library, ``SLURM_JOB_ID`` and start time. A resumed run keeps the first record and
+appends one record per restart to its ``resumed`` list, with the settings that changed
+(``--lr``, ``--epochs``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from typing import Any
 
 import minidp
 from minidp.comm import Communicator, guard, mpi_library, versions
+from minidp.comm.topology import machines
 from minidp.io.atomic import atomic_write
 from minidp.run import checkpoint
 from minidp.run.errors import UsageError
@@ -289,7 +291,12 @@ def git_commit(directory: str) -> str | None:
 
 
 def run_record(config: dict[str, Any], comm: Communicator, ranks_per_node: int) -> dict[str, Any]:
-    """What ``run.json`` says about this start (collective: every rank's host is gathered)."""
+    """What ``run.json`` says about this start (collective: every rank's host is gathered).
+
+    ``hosts`` is every rank's hostname; ``machines`` MPI's shared-memory nodes with their
+    hosts and ranks (one per host on a cluster); ``nodes`` says whether the run's nodes
+    are those (``"machines"``) or virtual nodes of ``--ranks-per-node`` (``"virtual"``).
+    """
     hosts = guard.allgather_object(comm, socket.gethostname(), "run.json hosts")
     record = {
         "config": config,
@@ -297,6 +304,8 @@ def run_record(config: dict[str, Any], comm: Communicator, ranks_per_node: int) 
         "git_commit": git_commit(os.path.dirname(os.path.abspath(minidp.__file__))),
         "command": list(sys.argv),
         "world_size": comm.Get_size(), "ranks_per_node": ranks_per_node, "hosts": hosts,
+        "machines": machines(comm),
+        "nodes": "machines" if config.get("ranks_per_node") is None else "virtual",
         "mpi_library": mpi_library(),
         "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

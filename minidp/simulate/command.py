@@ -86,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--repeats", type=int, default=1,
         help="--validate: runs per strategy; the fastest is compared (default 1)")
     add("--data-dir", default="data", help="--validate: where the data set's files are")
+    add("--real-nodes", action="store_true",
+        help="--validate: the runs take MPI's nodes (hosts, as on a cluster) instead of "
+             "--ranks-per-node virtual nodes, unbound; they must come out P x G")
+    add("--mpiexec-args", default=None, metavar="ARGS",
+        help="--validate: extra mpiexec arguments that place the ranks, one string (e.g. "
+             "'-hosts a:2,b:2'; default $MINIDP_MPIEXEC_ARGS, which tests/hosts_cli.py "
+             "shell sets)")
     return parser
 
 

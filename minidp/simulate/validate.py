@@ -13,6 +13,13 @@ Other jobs on this machine only ever add time, to the runs and to the timed step
 so with ``--repeats R`` each strategy runs R times, the step is timed before each run,
 and the fastest run is compared with the prediction from the fastest step (the spread
 of the runs is shown beside it).
+
+``--real-nodes`` runs on the nodes MPI gives the job instead (hosts: its shared-memory
+nodes), with no ``--ranks-per-node`` and no binding (a host's ranks run on its own
+cores), placed by ``--mpiexec-args`` (default ``$MINIDP_MPIEXEC_ARGS``): on a cluster,
+the hosts of an allocation; here, the real hosts of ``tests/hosts_cli.py shell
+--cores-per-host C``, which sets that variable. Each run must come out P nodes x G
+ranks, else the comparison is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from minidp.simulate.measure import build_model, measure_step, node_cores
 from minidp.simulate.predict import Setup, parse_strategies, table
 
 TIMEOUT_S = 600
+MPIEXEC_ARGS_ENV = "MINIDP_MPIEXEC_ARGS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +75,10 @@ def option_sets(args: argparse.Namespace, strategy: str) -> list[str]:
 
 def train_flags(args: argparse.Namespace, strategy: str) -> list[str]:
     """The ``train`` flags of the run that checks ``strategy``'s prediction."""
+    nodes = [] if args.real_nodes else ["--ranks-per-node", str(args.ranks_per_node)]
     flags = ["--model", args.model, "--dataset", args.dataset, "--strategy", strategy,
              "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-             "--ranks-per-node", str(args.ranks_per_node), "--dtype", args.dtype,
+             *nodes, "--dtype", args.dtype,
              "--net-latency-us", f"{args.net_latency_us:g}",
              "--net-bandwidth-gbps", f"{args.net_bandwidth_gbps:g}",
              "--test-samples", "500", "--data-dir", args.data_dir, "--no-progress"]
@@ -98,9 +107,30 @@ def binding(cores: list[list[int]], ranks_per_node: int, library: str) -> list[s
     return ["-bind-to", "user:" + ",".join(ranks)]
 
 
-def launch(ranks: int, flags: list[str], out: str, bind: list[str]) -> list[dict]:
-    """Run one training job; its metrics.jsonl rows. Raises RuntimeError if it fails."""
-    cmd = [mpiexec(), *bind, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp",
+def placement(args: argparse.Namespace) -> list[str]:
+    """The extra mpiexec arguments of ``--mpiexec-args``, else ``$MINIDP_MPIEXEC_ARGS``."""
+    text = args.mpiexec_args
+    return shlex.split(os.environ.get(MPIEXEC_ARGS_ENV, "") if text is None else text)
+
+
+def check_nodes(out: str, nodes: int, ranks_per_node: int) -> str:
+    """With ``--real-nodes``: the run's nodes, described; ValueError unless P x G."""
+    with open(os.path.join(out, "run.json")) as f:
+        machines = json.load(f)["machines"]
+    found = ", ".join(f"{m['host']} (ranks {m['ranks'][0]}-{m['ranks'][-1]})" for m in machines)
+    if len(machines) != nodes or any(len(m["ranks"]) != ranks_per_node for m in machines):
+        raise ValueError(f"--real-nodes: the run's nodes were {found}; allowed: {nodes} "
+                         f"nodes of {ranks_per_node} ranks, as simulated (place them with "
+                         f"--mpiexec-args or ${MPIEXEC_ARGS_ENV})")
+    return found
+
+
+def launch(ranks: int, flags: list[str], out: str, place: list[str]) -> list[dict]:
+    """Run one training job; its metrics.jsonl rows. Raises RuntimeError if it fails.
+
+    ``place``: the mpiexec arguments before ``-n`` (a placement, a binding).
+    """
+    cmd = [mpiexec(), *place, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "minidp",
            "train", *flags, "--out", out]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("MPIEXEC_TIMEOUT", str(TIMEOUT_S - 30))
@@ -128,8 +158,9 @@ def _phase_epochs(epoch: Epoch, total: int, options: dict) -> list[int]:
 def compare(args: argparse.Namespace, setup: Setup) -> list[Comparison]:
     """Run each strategy ``--repeats`` times here; compare with its prediction per phase."""
     ranks = setup.nodes[0] * args.ranks_per_node
-    bind = binding(node_cores(setup.nodes[0], args.cores_per_node), args.ranks_per_node,
-                   mpi_library())
+    bind = [] if args.real_nodes else binding(node_cores(setup.nodes[0], args.cores_per_node),
+                                              args.ranks_per_node, mpi_library())
+    place = placement(args) + bind
     rows = []
     with tempfile.TemporaryDirectory(prefix="minidp-simulate-") as tmp:
         for name in setup.strategies:
@@ -140,11 +171,14 @@ def compare(args: argparse.Namespace, setup: Setup) -> list[Comparison]:
                     model = build_model(args.model, args.dataset, args.dtype)
                     steps.append(measure_step(model, args.dataset, args.batch_size,
                                               args.measure_steps))
-                runs.append(launch(ranks, flags, os.path.join(tmp, f"{name}-{repeat}"), bind))
+                out = os.path.join(tmp, f"{name}-{repeat}")
+                runs.append(launch(ranks, flags, out, place))
+                where = check_nodes(out, setup.nodes[0], args.ranks_per_node) \
+                    if args.real_nodes else f"{setup.nodes[0]} virtual nodes"
             one = dataclasses.replace(setup, strategies={name: setup.strategies[name]},
                                       node=dataclasses.replace(setup.node, step_s=min(steps)))
-            command = shlex.join(["mpiexec", *bind, "-n", str(ranks), "python", "-m", "mpi4py",
-                                  "-m", "minidp", "train", *flags])
+            command = shlex.join(["mpiexec", *place, "-n", str(ranks), "python", "-m", "mpi4py",
+                                  "-m", "minidp", "train", *flags]) + f"  # on {where}"
             phases = parse_strategies(name, option_sets(args, name))[name]
             for epoch in one.predict(setup.nodes[0], args):
                 chosen = _phase_epochs(epoch, len(runs[0]), phases)
