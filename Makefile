@@ -46,10 +46,14 @@ test-unit: venv
 
 # The NumPy reference paths (used on CuPy arrays and under NUMBA_DISABLE_JIT=1) must pass too.
 test-nojit: venv
-	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q tests/unit
+	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q -n 2 tests/unit
 
+# Two pytest-xdist workers: most tests launch MPI jobs that wait (for a timeout, a signal,
+# a peer), and one worker alone keeps the machine's two cores half idle. The modules
+# that share a fixture run on one worker each (their xdist_group mark); every test passes
+# beside another job as it must on a shared machine (docs/reliability.md).
 test: venv lint test-nojit
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
 
 # The tests marked `gpu` (skipped by `make test` without a device): models, optimizers and
 # the compute replica on CuPy against NumPy, and 2 ranks sharing one GPU per strategy

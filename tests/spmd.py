@@ -4,7 +4,8 @@ Every launch runs in its own process group (``start_new_session``) under
 ``python -m mpi4py`` (an exception on one rank aborts the job), with
 ``MPIEXEC_TIMEOUT`` (MPICH's own watchdog) and a subprocess timeout a little longer
 that kills the whole group if even the watchdog fails. Shared-memory files that a
-killed job leaves in /dev/shm are removed, but only those this launch created.
+killed job leaves in /dev/shm are removed, but only those this launch created and no live
+process uses (another job may run beside it).
 
 MPICH's launcher does not always report its own watchdog in its exit status: under load,
 Hydra has been seen to print ``APPLICATION TIMED OUT`` and exit 0. A launch whose
@@ -56,8 +57,41 @@ class Launch:
     killed: bool
 
 
-def _shm_files() -> set[str]:
+def shm_files() -> set[str]:
+    """MPICH's shared-memory files in /dev/shm (every job's, this launch's or not)."""
     return set(glob.glob("/dev/shm/mpich_shm_*"))
+
+
+def _in_use() -> set[str]:
+    """The files under /dev/shm that a live process maps or holds open."""
+    used: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                used.update(line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line)
+            fds = f"/proc/{pid}/fd"
+            used.update(os.readlink(os.path.join(fds, fd)) for fd in os.listdir(fds))
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+    return used
+
+
+def shm_leftovers(before: set[str]) -> set[str]:
+    """The shared-memory files that appeared since ``before`` and no live process uses.
+
+    What a killed job left behind. Another job running at the same time (``make test``
+    runs two workers) keeps its own files mapped, so they are never taken for leftovers.
+    """
+    return (shm_files() - before) - _in_use()
+
+
+def remove_shm_leftovers(before: set[str]) -> None:
+    """Remove :func:`shm_leftovers` (another process may have removed one already)."""
+    for leftover in shm_leftovers(before):
+        try:
+            os.remove(leftover)
+        except OSError:
+            pass
 
 
 def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
@@ -79,7 +113,7 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
     full_env.update(env or {})
     runner = ["-m", "mpi4py"] if under_mpi4py else []
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, *runner, *args]
-    shm_before = _shm_files()
+    shm_before = shm_files()
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -95,9 +129,5 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
     if not killed and returncode == 0 and WATCHDOG_FIRED in output:
         returncode = 124
     if killed or returncode:
-        for leftover in _shm_files() - shm_before:
-            try:
-                os.remove(leftover)
-            except OSError:
-                pass
+        remove_shm_leftovers(shm_before)
     return Launch(None if killed else returncode, output, seconds, killed)

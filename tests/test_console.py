@@ -1,7 +1,6 @@
 """What a run prints: progress within epochs (terminal, mpiexec, batch jobs) and `--explain`."""
 
 import fcntl
-import glob
 import os
 import pty
 import re
@@ -15,7 +14,7 @@ import time
 import types
 
 import pytest
-from spmd import ROOT, mpiexec
+from spmd import ROOT, mpiexec, remove_shm_leftovers, shm_files
 
 from minidp.run import console
 from minidp.run.console import Progress, explain_steps, progress_mode
@@ -32,7 +31,7 @@ def in_terminal(command, env, timeout=150):
     room). The process group is killed after ``timeout`` seconds (then the MPICH
     shared-memory files it created are removed).
     """
-    shm_before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    shm_before = shm_files()
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=terminal, stdout=terminal,
@@ -52,8 +51,7 @@ def in_terminal(command, env, timeout=150):
             break
     else:
         os.killpg(proc.pid, signal.SIGKILL)
-        for leftover in set(glob.glob("/dev/shm/mpich_shm_*")) - shm_before:
-            os.remove(leftover)
+        remove_shm_leftovers(shm_before)
     os.close(controller)
     return proc.wait(), b"".join(chunks).decode(errors="replace")
 

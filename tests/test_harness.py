@@ -5,9 +5,8 @@ What ended each job is read from its output (the traceback, the watchdog's line,
 CommTimeout), never from how many seconds it took on a loaded machine.
 """
 
-import glob
 
-from spmd import WATCHDOG_FIRED, run_spmd
+from spmd import WATCHDOG_FIRED, run_spmd, shm_files, shm_leftovers
 
 
 def test_failure_on_one_rank_aborts_the_job_with_its_traceback():
@@ -27,11 +26,11 @@ def test_deadlock_is_ended_by_the_mpiexec_watchdog():
 
 
 def test_deadlock_past_the_watchdog_is_killed_with_its_process_group():
-    shm_before = set(glob.glob("/dev/shm/mpich_shm_*"))
+    shm_before = shm_files()
     launch = run_spmd(["tests/scripts/deadlock.py"], 2, timeout=8, mpiexec_timeout=600)
     assert launch.killed and launch.returncode is None
     assert WATCHDOG_FIRED not in launch.output  # the test's kill ended it
-    assert set(glob.glob("/dev/shm/mpich_shm_*")) <= shm_before
+    assert not shm_leftovers(shm_before)
 
 
 def test_missing_rank_ends_with_a_timeout_naming_it():

@@ -21,6 +21,9 @@ from test_train_cli import QUICK, train
 
 from minidp.reporting.launcher import mpiexec
 
+# `make test` runs the module on one pytest-xdist worker: its fixtures are shared.
+pytestmark = pytest.mark.xdist_group("stopping")
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

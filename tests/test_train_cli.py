@@ -14,6 +14,9 @@ from spmd import ROOT, WATCHDOG_FIRED, run_spmd
 from minidp.io import mdp
 from minidp.run.config import TrainConfig
 
+# `make test` runs the module on one pytest-xdist worker: its fixtures are shared.
+pytestmark = pytest.mark.xdist_group("train_cli")
+
 QUICK = ["-m", "minidp", "train", "--dataset", "synthetic", "--model", "mlp",
          "--train-samples", "1200", "--test-samples", "400", "--no-progress"]
 

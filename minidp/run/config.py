@@ -27,7 +27,7 @@ RESUME = ("no", "yes", "auto")
 BATCH_SIZE = 32  # per worker, when neither --batch-size nor --global-batch-size is given
 
 # (lr, momentum) of a strategy when --lr / --momentum are not given. Chosen so that every
-# strategy's test loss falls every epoch for 3 epochs on mnist-5k (LeNet-5, batch 32
+# strategy's training loss falls every epoch for 3 epochs on mnist-5k (LeNet-5, batch 32
 # per worker, 4 ranks; tests/test_defaults.py) and `make demo` reaches 85%
 # (docs/configuration.md). Momentum 0 where the strategy applies plain SGD (its
 # --momentum would be unused; softsync's server too, unless server_momentum); amsgd's

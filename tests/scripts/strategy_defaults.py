@@ -6,8 +6,8 @@ Each configuration is parsed by ``minidp train``'s own parser from nothing but
 ``--strategy``, ``--epochs``, the data set (mnist-5k, prepared in DIR/data) and the
 virtual nodes (2 x 2); learning rate, momentum, batch size and every option are the
 defaults. The epochs are the Trainer's ``train_epoch`` (no run directory is written).
-Rank 0 prints one JSON line per run: the settings used and the test accuracy and loss
-after each epoch.
+Rank 0 prints one JSON line per run: the settings used, and the test accuracy and the
+training loss of each epoch.
 """
 
 import argparse
@@ -33,4 +33,4 @@ for item in sys.argv[2:]:
         print(json.dumps({"strategy": strategy, "lr": config.lr, "momentum": config.momentum,
                           "batch_size": trainer.batch_size,
                           "accuracy": [m["test_accuracy"] for m in epochs],
-                          "loss": [m["test_loss"] for m in epochs]}), flush=True)
+                          "train_loss": [m["train_loss"] for m in epochs]}), flush=True)
