@@ -459,6 +459,17 @@ def withdraw(request: MPI.Request, status: MPI.Status | None = None) -> bool:
     return status.Is_cancelled()
 
 
+Request = MPI.Request  # for type hints outside comm, which never imports mpi4py
+
+
+def start_max(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> MPI.Request:
+    """Start the elementwise maximum of every rank's ``send`` into ``recv`` (``Iallreduce``).
+
+    Starting waits for no rank; complete it with :func:`wait`, which names a missing one.
+    """
+    return comm.Iallreduce(send, recv, op=MPI.MAX)
+
+
 def sendrecv(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
              tag: int, operation: str) -> None:
     """``comm.Sendrecv`` as ``Irecv`` + ``Isend``, each completed by :func:`wait_peer`.

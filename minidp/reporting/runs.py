@@ -9,6 +9,7 @@ which the runs differ (``sync (50 us, 1 Gb/s, 2 per node)``). A run that is stil
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -128,10 +129,8 @@ def _default(run: Run, key: str) -> Any:
 
 def _short(key: str, value: Any) -> str:
     if key in SHORT:
-        try:
+        with contextlib.suppress(TypeError, ValueError):  # a value of another field's type
             return SHORT[key].format(value)
-        except (TypeError, ValueError):  # a value of another type than the field's
-            pass
     return f"{key} {value}"
 
 

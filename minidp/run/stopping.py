@@ -32,9 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from mpi4py import MPI
 
-from minidp.comm import guard
+from minidp.comm import Communicator, guard
 from minidp.run.signals import CATCHER
 
 EXIT_STOPPED = 3  # the job stopped on a signal after writing a checkpoint: resume it
@@ -59,13 +58,13 @@ class StopSignal:
             run stops at an epoch's end only).
     """
 
-    def __init__(self, comm: MPI.Comm, rank: int, between_batches: bool) -> None:
+    def __init__(self, comm: Communicator, rank: int, between_batches: bool) -> None:
         self.comm = guard.collective(comm, "stop signal set-up", comm.Dup)
         self.rank, self.between_batches = rank, between_batches
         CATCHER.rank = str(rank)
         self.sending = np.zeros(1, np.int32)  # the flag as it was when a reduction began
         self.agreed = np.zeros(1, np.int32)
-        self.pending: MPI.Request | None = None
+        self.pending: guard.Request | None = None
         self.owns_handlers = False
 
     @property
@@ -122,7 +121,7 @@ class StopSignal:
             Stopped: on every rank, when a rank got a signal during start-up.
         """
         self.sending[0] = self.raised
-        guard.wait(self.comm.Iallreduce(self.sending, self.agreed, op=MPI.MAX), self.comm,
+        guard.wait(guard.start_max(self.comm, self.sending, self.agreed), self.comm,
                    "stop signal before training")
         if not self.agreed[0]:
             return
@@ -142,7 +141,7 @@ class StopSignal:
                 self.pending = None
                 return True
         self.sending[0] = self.raised
-        self.pending = self.comm.Iallreduce(self.sending, self.agreed, op=MPI.MAX)
+        self.pending = guard.start_max(self.comm, self.sending, self.agreed)
         return False
 
     def settle(self) -> None:
