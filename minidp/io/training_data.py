@@ -106,6 +106,14 @@ class TrainingData:
     rank: int
     ranks: int
 
+    def batches_per_epoch(self, batch_size: int) -> int:
+        """A worker's batches of ``batch_size`` per epoch; a batch above its share is an error."""
+        if batch_size > self.samples_per_worker:
+            raise ValueError(f"rank {self.rank}: batch size {batch_size} for {self.dataset!r}: "
+                             f"allowed 1 to {self.samples_per_worker} (samples per worker per "
+                             "epoch)")
+        return self.samples_per_worker // batch_size
+
     def normalized(self, x: Any, dtype: np.dtype) -> Any:
         """Samples as the model takes them: the dataset's normalisation, in ``dtype``."""
         mean, std = NORMALIZATION[self.dataset]

@@ -86,11 +86,7 @@ class Trainer:
         self.batch_size = c.per_worker_batch(t.num_workers)
         self.data = open_training_data(c.dataset, c.data_dir, c.reader, c.seed, c.train_samples,
                                        c.test_samples, t, verify=c.verify)
-        if self.batch_size > self.data.samples_per_worker:
-            raise ValueError(f"rank {self.rank}: batch size {self.batch_size} for "
-                             f"{c.dataset!r}: allowed 1 to {self.data.samples_per_worker} "
-                             f"(samples per worker per epoch over {t.num_workers} workers)")
-        self.batches = self.data.samples_per_worker // self.batch_size
+        self.batches = self.data.batches_per_epoch(self.batch_size)
         self.dtype = np.dtype(c.dtype)
         self.model = self._build_model()
         self.optimizer = optim.make_optimizer(c.optimizer, self.model.parameters(), c.lr,
