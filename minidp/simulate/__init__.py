@@ -1,7 +1,8 @@
 """``minidp simulate``: epoch time and communication share predicted at cluster scale.
 
-Read in this order: ``costs.py`` (each strategy's alpha-beta formulas), ``measure.py``
-(one step and one memory sweep timed on this machine), ``predict.py`` (the flags checked
-and the epochs predicted), ``command.py`` (the tables the command prints) and
-``validate.py`` (the same configuration run for real here, predicted against measured).
+Read in this order: ``costs.py`` (each strategy's alpha-beta formulas) and ``elastic.py``
+(the elastic family's), ``measure.py`` (one step and one memory sweep timed on this
+machine), ``predict.py`` (the flags checked and the epochs predicted), ``command.py`` (the
+tables the command prints) and ``validate.py`` (the same configuration run for real here,
+predicted against measured).
 """

@@ -253,7 +253,9 @@ class Epoch:
         return self.comm_s / self.seconds if self.seconds else 0.0
 
 
-def _epoch(strategy: str, setting: str, cluster: Cluster, batches: int, comm_s: float) -> Epoch:
+def make_epoch(strategy: str, setting: str, cluster: Cluster, batches: int,
+               comm_s: float) -> Epoch:
+    """The epoch of ``batches`` steps: the node's compute each, and ``comm_s`` in all."""
     return Epoch(strategy, setting, batches, batches * cluster.node.compute(), comm_s)
 
 
@@ -261,7 +263,7 @@ def sync_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
                algorithm: str) -> Epoch:
     """sync: the gradient allreduce (mean) every step; the buffer is in the node window."""
     step = world_allreduce(cluster, algorithm, nbytes, itemsize)
-    return _epoch("sync", algorithm, cluster, batches, batches * step)
+    return make_epoch("sync", algorithm, cluster, batches, batches * step)
 
 
 def hsgd_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
@@ -269,13 +271,13 @@ def hsgd_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
     """hsgd: gradients through node and rails every step, or periodic parameter averages."""
     if options["average"] == "gradients":
         step = world_allreduce(cluster, "hierarchical", nbytes, itemsize)
-        return _epoch("hsgd", "gradients", cluster, batches, batches * step)
+        return make_epoch("hsgd", "gradients", cluster, batches, batches * step)
     p1, p2 = options["level1_period"], options["level2_period"]
     world = world_allreduce(cluster, "hierarchical", nbytes, itemsize, zero_copy=False)
     node = node_allreduce(cluster, nbytes, zero_copy=False)
     level2 = batches // p2 + (1 if batches % p2 else 0)  # + the epoch's closing average
     level1 = batches // p1 - batches // p2
-    return _epoch("hsgd", f"parameters ({p1},{p2})", cluster, batches,
+    return make_epoch("hsgd", f"parameters ({p1},{p2})", cluster, batches,
                   level2 * world + level1 * node)
 
 
@@ -288,7 +290,7 @@ def hbsgd_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int, k:
     averages = (batches // k + (1 if batches % k else 0)) if cluster.nodes > 1 else 0
     comm = batches * node_allreduce(cluster, nbytes) + averages * world_allreduce(
         cluster, "hierarchical", nbytes, itemsize, zero_copy=False)
-    return _epoch("hbsgd", f"k={k}", cluster, batches, comm)
+    return make_epoch("hbsgd", f"k={k}", cluster, batches, comm)
 
 
 def daso_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
@@ -304,7 +306,7 @@ def daso_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
     setting = f"{phase} ({','.join(map(str, values))})"
     compute = cluster.node.compute()
     if cluster.nodes == 1:
-        return _epoch("daso", setting, cluster, batches,
+        return make_epoch("daso", setting, cluster, batches,
                       batches * node_allreduce(cluster, nbytes))
     schedule = BatchSchedule(cluster.node.ranks, weight)
     schedule.begin_epoch(values, batches)
@@ -336,96 +338,3 @@ def daso_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
             finish()  # the rail's ranks meet: one sync point
             spend(cluster.node.shm(2, nbytes, syncs=1) + node_broadcast(cluster, nbytes))
     return Epoch("daso", setting, batches, batches * compute, comm)
-
-
-def _message_round(cluster: Cluster, homes: Sequence[int], pairs: list[tuple[int, int]],
-                   nbytes: float) -> float:
-    """One round of whole-buffer messages between ``pairs``: its slowest message."""
-    crossing = [homes[a] != homes[b] for a, b in pairs]
-    flows = Counter(homes[a] for (a, _), c in zip(pairs, crossing) if c)
-    return cluster.message(nbytes, any(crossing), max(flows.values(), default=1))
-
-
-def tree_reduce(cluster: Cluster, homes: Sequence[int], nbytes: float) -> float:
-    """easgd-sync's sum to rank 0 by a binomial tree.
-
-    MPICH's fold of a non-power-of-two world, then log2 p rounds, each its slowest
-    message and one sweep adding what arrived.
-    """
-    p = len(homes)
-    pof2 = 1 << (p.bit_length() - 1)
-    rem = p - pof2
-    add = cluster.node.shm(1, nbytes)
-    total = _message_round(cluster, homes, [(2 * i + 1, 2 * i) for i in range(rem)],
-                           nbytes) + add if rem else 0.0
-    real = [2 * i if i < rem else i + rem for i in range(pof2)]
-    for k in range(pof2.bit_length() - 1):
-        m = 1 << k
-        pairs = [(real[i + m], real[i]) for i in range(0, pof2, 2 * m)]
-        total += _message_round(cluster, homes, pairs, nbytes) + add
-    return total
-
-
-def tree_broadcast_exposed(cluster: Cluster, homes: Sequence[int], nbytes: float) -> float:
-    """What of easgd-sync's centre broadcast is left after the next step's compute.
-
-    The binomial tree's rounds send to r + m, m = p/2, p/4, ..., 1. Rank 0 posts its
-    sends after the exchange and they travel during the next compute (on a cluster one
-    after the other on its link; minidp's model charges them at once); the ranks below
-    forward at their next exchange, after that compute. Left over: the longer of rank
-    0's sends beyond the compute and the forwarding rounds below rank 0's children.
-    """
-    p = len(homes)
-    masks = [1 << k for k in reversed(range((p - 1).bit_length()))]
-    rounds = [[(r, r + m) for r in range(0, p, 2 * m) if r + m < p] for m in masks]
-    own = [_message_round(cluster, homes, [(0, m)], nbytes) for m in masks]
-    chain = max(own, default=0.0) if cluster.rule == "emulated" else sum(own)
-    below = sum(_message_round(cluster, homes, pairs[1:], nbytes) for pairs in rounds[1:]
-                if pairs[1:])
-    return max(0.0, chain - cluster.node.compute(), below)
-
-
-def easgd_sync_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
-                     tau: int, mode: str) -> Epoch:
-    """easgd-sync: every ``tau`` steps, the elastic exchange of every rank at once.
-
-    ``reduce``: the workers' sum to rank 0 by a binomial tree, rank 0 updates the centre,
-    the centre back down a binomial tree behind the next compute; ``allreduce``:
-    recursive doubling of the sum and every rank updates its copy. Plus the worker's and
-    the centre's elastic sweeps (difference, scale, add: three each) and the ranks
-    meeting once.
-    """
-    homes = [r // cluster.node.ranks for r in range(cluster.ranks)]
-    exchanges = -(-batches // tau)
-    if cluster.ranks < 2:
-        moved = 0.0
-    elif mode == "reduce":
-        moved = tree_reduce(cluster, homes, nbytes) + \
-            tree_broadcast_exposed(cluster, homes, nbytes)
-    else:
-        moved = flat_allreduce(cluster, homes, "recursive_doubling", nbytes, itemsize)
-    elastic = cluster.node.shm(6, nbytes) + (cluster.node.sync_s if cluster.ranks > 1 else 0)
-    return _epoch("easgd-sync", f"{mode}, tau={tau}", cluster, batches,
-                  exchanges * (moved + elastic))
-
-
-def easgd_rr_epoch(cluster: Cluster, batches: int, nbytes: float, tau: int) -> Epoch:
-    """easgd-rr: the original EASGD, rank 0 a master the N - 1 workers exchange with in turn.
-
-    An exchange of worker i: x^i to the master, the centre back (two whole buffers, across
-    the network unless i shares the master's node) and the master's three sweeps. The
-    master serves one exchange at a time, in rank order, so a round of exchanges lasts
-    their sum; a worker's exchanging step lasts its compute plus its own exchange, or
-    the master's round when that is longer (it waits for its turn). Steps without an
-    exchange are compute only.
-    """
-    g = cluster.node.ranks
-    if cluster.ranks < 2:
-        raise ValueError("easgd-rr: needs a master and a worker: 2 ranks or more")
-    exchange = [2 * cluster.message(nbytes, r // g != 0) + cluster.node.shm(3, nbytes)
-                for r in range(1, cluster.ranks)]
-    compute = cluster.node.compute()
-    step = max(compute + max(exchange), sum(exchange))
-    exchanges = -(-batches // tau)
-    return Epoch("easgd-rr", f"tau={tau}", batches, batches * compute,
-                 exchanges * (step - compute))

@@ -23,12 +23,11 @@ from minidp.simulate.costs import (
     Epoch,
     Node,
     daso_epoch,
-    easgd_rr_epoch,
-    easgd_sync_epoch,
     hbsgd_epoch,
     hsgd_epoch,
     sync_epoch,
 )
+from minidp.simulate.elastic import easgd_rr_epoch, easgd_sync_epoch
 from minidp.simulate.measure import DATASETS, build_model, measure_step, measure_sweep, node_cores
 
 MODELLED = ("sync", "hsgd", "hbsgd", "daso", "easgd-rr", "easgd-sync")

@@ -8,7 +8,8 @@ import pytest
 
 from minidp.comm.network import NetworkModel
 from minidp.simulate.command import main
-from minidp.simulate.costs import Cluster, Node, easgd_rr_epoch, easgd_sync_epoch
+from minidp.simulate.costs import Cluster, Node
+from minidp.simulate.elastic import easgd_rr_epoch, easgd_sync_epoch
 
 ALPHA, GBPS = 50e-6, 1.0
 N = 2 ** 20  # bytes of the model
