@@ -273,16 +273,29 @@ class DASO(Strategy):
         words = encode(part, self.half.kind, self.words[:part.size])
         decode(self.half.rail_sum(words, self.topology), self.half.kind, part)
 
-    def _finished_sum(self, rail: int) -> np.ndarray | None:
-        """Wait for the oldest sync in flight; its whole sum where this rank needs it."""
+    def _finished_sum(self, rail: int, mean: Send | None = None) -> np.ndarray | None:
+        """Wait for the oldest sync in flight; its whole sum where this rank needs it.
+
+        ``mean`` (a blocking send over all rails): each rank first turns its own slice
+        of the sum into the mean (:meth:`_mean`), so the whole mean is read.
+        """
         if not self._carries(rail):
             return None
         request, window = self.in_flight.popleft()
         if request is not None:
             request.wait()
         if self.all_rails:
+            if mean is not None:
+                mine = window.whole[0, self.slice]
+                self._mean(mine, mean, out=mine)
             window.sync()  # every rail's slice of the sum is in row 0
         return window.whole[0]
+
+    def _mean(self, total: np.ndarray, send: Send, out: np.ndarray) -> None:
+        """``out`` <- the nodes' mean from their sum ``total`` (may be ``out`` itself)."""
+        np.divide(total, self.topology.num_nodes, out=out)
+        if send.cast and self.half:  # Heat divides in the sent precision: rounded again
+            out[...] = round_to(out, self.half.kind)
 
     def _merge(self, batch: int, merge: Merge) -> None:
         """Weigh the current parameters against the nodes' sum from the send."""
@@ -302,16 +315,23 @@ class DASO(Strategy):
             node_broadcast(self.flat.data, self.topology, root=root)
 
     def _average(self, batch: int, send: Send) -> None:
-        """Finish a blocking sync: the nodes' mean on its rail, then in every node."""
+        """Finish a blocking sync: the nodes' mean on its rail, then in every node.
+
+        With all rails every rank makes 1/G of the mean and reads all of it (the node is
+        then equal: no broadcast), and checks its own 1/G for non-finite values.
+        """
         self._record(batch, "average", rail=send.rail)
+        x = self.flat.data
+        if self.all_rails:
+            x[...] = self._finished_sum(send.rail, mean=send)
+            self._broadcast(batch, send.rail, equal=True)
+            if not np.isfinite(x[self.slice]).all():
+                self.check_finite()
+            return
         total = self._finished_sum(send.rail)
-        if total is not None and (self.all_rails or self.topology.local_rank == send.rail):
-            x = self.flat.data
-            np.divide(total, self.topology.num_nodes, out=x)
-            if send.cast and self.half:  # Heat divides in the sent precision: rounded again
-                x[...] = round_to(x, self.half.kind)
-        # With all rails every rank has read the same sum: the node is equal.
-        self._broadcast(batch, send.rail, equal=self.all_rails)
+        if total is not None:
+            self._mean(total, send, out=x)
+        self._broadcast(batch, send.rail)
         self.check_finite()
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
