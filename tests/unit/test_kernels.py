@@ -210,6 +210,17 @@ def test_relu_backward_matches_reference(dtype, size):
     np.testing.assert_array_equal(out, ew.relu_backward_reference(g, x))
 
 
+@pytest.mark.parametrize("order", ["FF", "CF", "FC"])
+def test_relu_backward_takes_fortran_ordered_linear_outputs(order):
+    # a linear layer's output and gradient come out Fortran-ordered (ops/linalg.py)
+    g, x = rand((7, 5), np.float32, 4), rand((7, 5), np.float32, 5)
+    g, x = (np.asfortranarray(a) if o == "F" else a for a, o in zip((g, x), order))
+    out = ew.relu_backward(g, x)
+    np.testing.assert_array_equal(out, ew.relu_backward_reference(g, x))
+    if ew.use_kernels(g, x):  # the kernel runs in x's order (the reference: NumPy's rules)
+        assert out.flags.f_contiguous == (order[1] == "F")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("momentum,weight_decay,nesterov", [
     (0.0, 0.0, False), (0.9, 0.0, False), (0.9, 1e-2, False), (0.9, 1e-2, True),
