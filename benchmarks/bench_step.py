@@ -1,26 +1,31 @@
 """One training step (forward, backward, SGD with momentum): minidp against PyTorch.
 
     .venv/bin/python benchmarks/bench_step.py [MODEL ...]     (make torch first)
-    .venv/bin/python benchmarks/bench_step.py --memory [MODEL ...]
+    .venv/bin/python benchmarks/bench_step.py --repeats 5 --no-memory mlp
     python benchmarks/bench_step.py --backend cupy [MODEL ...]   (a GPU; PyTorch CUDA)
 
 One thread each, float32, measured in the same run: mlp at batch 128, lenet5,
 cifar_cnn and resnet20 at batch 64. The two frameworks' steps alternate, so that a
-machine shared with other jobs slows both alike; the table gives the best step
-time of each and the ratio minidp / PyTorch (targets: 1.25x for mlp, 1.5x for the
-small CNNs, 1.0x for ResNet-20).
+machine shared with other jobs slows both alike, for at least 15 steps and 4 s per
+repeat; each of ``--repeats`` (3) repeats gives each framework's median step. The table
+gives the median over the repeats of those medians, and the ratio minidp / PyTorch as
+the median (and [min, max]) of the repeats' ratios (the issue's target: 0.75x; the
+older targets: 1.25x for mlp, 1.5x for the small CNNs, 1.0x for ResNet-20).
 
-``--memory``: the peak resident set of one training step, measured the same way for
-both: a fresh process per framework imports only that framework (and NumPy), builds
-the model and the batch, runs one step and reports its peak resident set (VmHWM); the
-table also gives the resident set before the step, so the step's own share shows.
+Beside each (unless ``--no-memory``), the peak resident set of one training step,
+measured the same way for both: a fresh process per framework imports only that
+framework (and NumPy), builds the model and the batch, runs one step and reports its
+peak resident set (VmHWM) and its resident set before the step, so the step's own
+share shows.
 
 ``--backend cupy``: both frameworks on the GPU (minidp's model on CuPy, PyTorch's on
 CUDA), float32, LeNet-5 at batch 256 and the CIFAR CNN at batch 128 (target: within
 2x of PyTorch); each step ends by waiting for the device, so the time is the GPU's.
 """
 
+import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -75,20 +80,22 @@ def torch_step(torch, name, batch, shape, device="cpu"):
     return step
 
 
-def best_times(steps, repeats=15, warmup=3, min_seconds=4.0):
-    """Best wall time of each step, running them in turn (warm-up runs first)."""
+def interleaved_medians(steps, repeats=3, warmup=3, min_steps=15, min_seconds=4.0):
+    """Per repeat, each step's median time, the steps run in turn (warm-up runs first)."""
     for step in steps:
         for _ in range(warmup):
             step()
-    best = [float("inf")] * len(steps)
-    start, runs = time.perf_counter(), 0
-    while runs < repeats or time.perf_counter() - start < min_seconds:
-        for i, step in enumerate(steps):
-            t0 = time.perf_counter()
-            step()
-            best[i] = min(best[i], time.perf_counter() - t0)
-        runs += 1
-    return best
+    medians = []
+    for _ in range(repeats):
+        times = [[] for _ in steps]
+        start = time.perf_counter()
+        while len(times[0]) < min_steps or time.perf_counter() - start < min_seconds:
+            for i, step in enumerate(steps):
+                t0 = time.perf_counter()
+                step()
+                times[i].append(time.perf_counter() - t0)
+        medians.append([statistics.median(t) for t in times])
+    return medians
 
 
 # One step in a fresh process that imports only its own framework (and NumPy for the
@@ -140,17 +147,18 @@ def peak_memory(framework, name, batch, shape):
 
 
 def main():
-    args = sys.argv[1:]
-    memory = "--memory" in args
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="models to measure (default: all)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (3)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak memory")
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy")
+    args = parser.parse_args()
     device = "cpu"
-    if "--backend" in args:
-        at = args.index("--backend")
-        if args[at + 1:at + 2] != ["cupy"] or memory:
-            raise SystemExit("--backend: allowed: cupy (without --memory)")
+    if args.backend == "cupy":
         backend.set_backend("cupy")
-        device, args = "cuda", args[:at] + args[at + 2:]
+        device, args.no_memory = "cuda", True
     cases = GPU_CASES if device == "cuda" else CASES
-    chosen = [a for a in args if a != "--memory"] or [name for name, *_ in cases]
+    chosen = args.models or [name for name, *_ in cases]
     try:
         import torch
         torch.set_num_threads(1)
@@ -158,32 +166,31 @@ def main():
         torch = None
         print("torch is not installed (make torch): minidp alone")
     ensure_compiled()  # the measured processes then load the kernels, never compile them
+    frameworks = ["minidp"] + (["torch"] if torch is not None else [])
     rows = []
-    for name, batch, shape, target in (c for c in cases if c[0] in chosen):
-        frameworks = ["minidp"] + (["torch"] if torch is not None else [])
-        if memory:
-            row = [name, batch]
-            for fw in frameworks:
-                before, peak = peak_memory(fw, name, batch, shape)
-                row += [f"{before:.0f}", f"{peak:.0f}"]
-            rows.append(row)
-            continue
+    for name, batch, shape, _ in (c for c in cases if c[0] in chosen):
         steps = [minidp_step(name, batch, shape, device)]
         if torch is not None:
             steps.append(torch_step(torch, name, batch, shape, device))
-        times = best_times(steps)
-        row = [name, batch, f"{times[0] * 1e3:.2f}"]
+        medians = interleaved_medians(steps, args.repeats)
+        row = [name, batch] + [f"{statistics.median(m[i] for m in medians) * 1e3:.2f}"
+                               for i in range(len(steps))]
         if torch is not None:
-            row += [f"{times[1] * 1e3:.2f}", f"{times[0] / times[1]:.2f}x", f"{target}x"]
+            ratios = [m[0] / m[1] for m in medians]
+            row.append(f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}, "
+                       f"{max(ratios):.2f}]")
+        if not args.no_memory:
+            for fw in frameworks:
+                before, peak = peak_memory(fw, name, batch, shape)
+                row.append(f"{before:.0f} / {peak:.0f}")
         rows.append(row)
-    if memory:
-        headers = ["model", "batch", "minidp MB before", "minidp MB peak"]
-        if torch is not None:
-            headers += ["pytorch MB before", "pytorch MB peak"]
-    else:
-        headers = ["model", "batch", "minidp ms"]
-        if torch is not None:
-            headers += ["pytorch ms", "minidp/pytorch", "target"]
+    headers = ["model", "batch", "minidp ms"]
+    if torch is not None:
+        headers += ["pytorch ms", "minidp/pytorch [min, max]"]
+    if not args.no_memory:
+        headers += [f"{fw} MB before / peak" for fw in frameworks]
+    print(f"median step over {args.repeats} interleaved repeats (each the median of its "
+          "steps), one thread\n")
     common.print_table(headers, rows)
 
 

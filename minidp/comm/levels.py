@@ -20,6 +20,7 @@ from minidp.comm.allreducers import AllreduceRequest, Buffer, check_buffer
 from minidp.comm.allreducers.base import node_bytes
 from minidp.comm.allreducers.hierarchical import NodeSlices, RailAllreduce
 from minidp.comm.network import charged
+from minidp.comm.shared import NodeBuffer
 from minidp.comm.topology import Topology
 
 
@@ -41,6 +42,31 @@ def node_allreduce(buffer: Buffer, topology: Topology, op: str = "mean") -> np.n
     if op == "mean" and topology.local_size > 1:
         array /= topology.local_size
     return array
+
+
+def node_slice_mean(buffer: NodeBuffer, topology: Topology) -> tuple[slice, np.ndarray]:
+    """This rank's slice of the mean of ``buffer`` over the node, and nothing more.
+
+    The first half of ``node_allreduce``: one sync, then local rank k sums slice k of
+    the node's segments into segment 0 (the same order, so the same bits) and divides
+    it by G. Nothing is copied back, which saves ``node_allreduce``'s second sync; in
+    exchange **the caller must synchronise the node** (a shared-memory sync, or any
+    node-wide collective) before any rank writes ``buffer`` again: segment 0 holds the
+    sums and the other ranks may still be reading. Needs two or more ranks on the node.
+
+    Returns:
+        (the slice, the mean over it: a view of segment 0).
+    """
+    array = check_buffer(buffer, "hierarchical", "mean", topology.rank)
+    if not isinstance(buffer, NodeBuffer) or topology.local_size < 2:
+        raise ValueError(f"rank {topology.rank}: node_slice_mean needs a NodeBuffer (got "
+                         f"{type(buffer).__name__}) on a node of 2 or more ranks (got "
+                         f"{topology.local_size})")
+    guard.check_same(topology.node, "node slice mean", array)
+    with charged("intra", "node_reduce", 0, node_bytes(array, topology)):
+        slices = NodeSlices(buffer, topology)
+        mean = slices.sum_slice(broadcast=False, divisor=topology.local_size)
+    return slices.mine, mean
 
 
 def rail_allreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> np.ndarray:

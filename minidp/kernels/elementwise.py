@@ -59,6 +59,8 @@ def relu_backward(grad: Any, x: Any) -> Any:
     """Gradient of relu: ``grad`` where ``x > 0``, else 0."""
     if not use_kernels(grad, x) or grad.dtype != x.dtype:
         return relu_backward_reference(grad, x)
+    if x.ndim == 2 and x.flags.f_contiguous and not x.flags.c_contiguous:
+        return relu_backward(grad.T, x.T).T  # a linear layer's output: no copies
     ensure_compiled()
     out = np.empty(x.shape, dtype=x.dtype)
     _relu_backward_kernel(np.ascontiguousarray(grad).reshape(-1),

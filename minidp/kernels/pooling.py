@@ -2,7 +2,8 @@
 
 Max pooling keeps, per output, the flat index ``hy*W + wx`` of the first maximum of
 its window (PyTorch's tie rule); backward adds each output gradient at that index,
-so overlapping windows (stride < kernel) accumulate correctly. Average pooling
+so overlapping windows (stride < kernel) accumulate correctly; windows that tile the
+input (stride = kernel) write every input gradient in one pass instead. Average pooling
 spreads each output gradient evenly over its window.
 """
 
@@ -25,6 +26,22 @@ def _maxpool_forward_kernel(x, k, stride, out, argmax):  # pragma: no cover - co
     oh, ow = out.shape[2], out.shape[3]
     for n in range(n_img):
         for c in range(n_ch):
+            if k == 2 and stride == 2:  # the CNNs' pooling: the window's four loads unrolled
+                for y in range(oh):
+                    top, bottom = x[n, c, 2 * y], x[n, c, 2 * y + 1]
+                    row = 2 * y * w
+                    for xo in range(ow):
+                        at = row + 2 * xo
+                        best = top[2 * xo]
+                        if top[2 * xo + 1] > best:
+                            best, at = top[2 * xo + 1], row + 2 * xo + 1
+                        if bottom[2 * xo] > best:
+                            best, at = bottom[2 * xo], row + w + 2 * xo
+                        if bottom[2 * xo + 1] > best:
+                            best, at = bottom[2 * xo + 1], row + w + 2 * xo + 1
+                        out[n, c, y, xo] = best
+                        argmax[n, c, y, xo] = at
+                continue
             for y in range(oh):
                 for xo in range(ow):
                     h0, w0 = y * stride, xo * stride
@@ -49,6 +66,41 @@ def _maxpool_backward_kernel(grad, argmax, w, dx):  # pragma: no cover - compile
                 for xo in range(ow):
                     at = argmax[n, c, y, xo]
                     dx[n, c, at // w, at % w] += grad[n, c, y, xo]
+
+
+@numba.njit(cache=True, nogil=True)
+def _maxpool_backward_tiles_kernel(grad, argmax, k, dx):  # pragma: no cover - compiled
+    # Windows that tile the input (stride == k): every element of dx is written once,
+    # the gradient at its window's argmax (0 + g: the bits of a scatter-add into
+    # zeros), 0 elsewhere and in the rows and columns no window covers.
+    n_img, n_ch, h, w = dx.shape
+    oh, ow = grad.shape[2], grad.shape[3]
+    for n in range(n_img):
+        for c in range(n_ch):
+            for y in range(oh):
+                row = y * k * w
+                if k == 2:  # unrolled, as the forward
+                    top, bottom = dx[n, c, 2 * y], dx[n, c, 2 * y + 1]
+                    for xo in range(ow):
+                        g = grad[n, c, y, xo] + 0.0
+                        at = argmax[n, c, y, xo] - row - 2 * xo
+                        top[2 * xo] = g if at == 0 else 0.0
+                        top[2 * xo + 1] = g if at == 1 else 0.0
+                        bottom[2 * xo] = g if at == w else 0.0
+                        bottom[2 * xo + 1] = g if at == w + 1 else 0.0
+                else:
+                    for xo in range(ow):
+                        g = grad[n, c, y, xo] + 0.0
+                        at = argmax[n, c, y, xo] - row - xo * k
+                        for i in range(k):
+                            for j in range(k):
+                                dx[n, c, y * k + i, xo * k + j] = g if at == i * w + j else 0.0
+                for hy in range(y * k, y * k + k):
+                    for wx in range(ow * k, w):
+                        dx[n, c, hy, wx] = 0.0
+            for hy in range(oh * k, h):
+                for wx in range(w):
+                    dx[n, c, hy, wx] = 0.0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -156,6 +208,10 @@ def maxpool_backward(grad: Any, argmax: Any, x_shape: tuple, k: int, stride: int
     if not use_kernels(grad, argmax):
         return maxpool_backward_reference(grad, argmax, x_shape)
     ensure_compiled()
+    if stride == k:  # no overlap: one pass writes all of dx
+        dx = np.empty(x_shape, dtype=grad.dtype)
+        _maxpool_backward_tiles_kernel(np.ascontiguousarray(grad), argmax, k, dx)
+        return dx
     dx = np.zeros(x_shape, dtype=grad.dtype)
     _maxpool_backward_kernel(np.ascontiguousarray(grad), argmax, x_shape[3], dx)
     return dx
@@ -190,5 +246,6 @@ def _warm(dtype: type) -> None:
     argmax = np.zeros((1, 1, 1, 1), dtype=np.int64)
     _maxpool_forward_kernel(x, 2, 2, out, argmax)
     _maxpool_backward_kernel(out, argmax, 2, x)
+    _maxpool_backward_tiles_kernel(out, argmax, 2, x)
     _avgpool_forward_kernel(x, 2, 2, out)
     _avgpool_backward_kernel(out, 2, 2, x)

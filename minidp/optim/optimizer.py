@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from minidp import backend
-from minidp.layers.flat import FlatParameters, Parameter
+from minidp.layers.flat import FlatParameters, GradientMemory, Parameter
 
 
 def check_range(name: str, value: Any, low: float, high: float | None = None,
@@ -47,14 +47,31 @@ class Optimizer(abc.ABC):
         self.flat = self._find_flat()
         sizes = [p.data.size for p in self.params]
         xp = backend.array_module(self.params[0].data)
-        self.state = xp.zeros(sum(sizes), dtype=self.params[0].data.dtype)
-        bounds = np.cumsum([0] + sizes)
-        self.state_views = [self.state[a:b].reshape(p.data.shape)
-                            for a, b, p in zip(bounds[:-1], bounds[1:], self.params)]
+        self._bind_state(xp.zeros(sum(sizes), dtype=self.params[0].data.dtype))
 
     def _find_flat(self) -> FlatParameters | None:
         flat = self.params[0].flat_owner
         return flat if flat is not None and flat.intact(self.params) else None
+
+    def rebind_state(self, memory: GradientMemory) -> None:
+        """Move the flat state into ``memory`` (a node window's segment), values kept.
+
+        DASO keeps every rank's momenta in one node window, so that in a blocking batch
+        each rank can update one slice of all of them (:meth:`SGD.step_rows`).
+        """
+        buffer = memory.array
+        if buffer.shape != self.state.shape or buffer.dtype != self.state.dtype:
+            raise ValueError(f"rebind_state: buffer has shape {buffer.shape} and dtype "
+                             f"{buffer.dtype}, expected {self.state.shape} and "
+                             f"{self.state.dtype}")
+        buffer[...] = self.state
+        self._bind_state(buffer)
+
+    def _bind_state(self, buffer: Any) -> None:
+        self.state = buffer
+        bounds = np.cumsum([0] + [p.data.size for p in self.params])
+        self.state_views = [buffer[a:b].reshape(p.data.shape)
+                            for a, b, p in zip(bounds[:-1], bounds[1:], self.params)]
 
     def step(self) -> None:
         """Apply one update from the current gradients."""

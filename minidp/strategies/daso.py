@@ -24,8 +24,11 @@ from minidp.comm import (
     rail_iallreduce,
 )
 from minidp.comm.allreducers import AllreduceRequest, chunk_bounds
+from minidp.comm.levels import node_slice_mean
+from minidp.comm.shared import NodeBuffer
 from minidp.comm.wire import KINDS, HalfSum, decode, encode, round_to
 from minidp.optim.schedules import Schedule
+from minidp.optim.sgd import SGD
 from minidp.strategies.base import Option, Strategy
 from minidp.strategies.daso_schedule import BatchSchedule, DASOSchedule, Merge, Send
 from minidp.trace import tracer
@@ -116,6 +119,16 @@ class DASO(Strategy):
         kind = self.config["downcast"]
         self.half = HalfSum(kind) if kind != "none" and t.num_nodes > 1 else None
         self.words = np.empty(n, np.uint16) if self.half else None
+        # Blocking batches over all rails update 1/G of the parameters per rank (_sliced):
+        # for that, every rank's momenta are rows of one node window.
+        self.sliced = self.all_rails and t.num_nodes > 1 and t.local_size > 1 and \
+            isinstance(self.optimizer, SGD) and self.optimizer.flat is not None
+        if self.sliced:
+            self.momenta = SharedArray(t.node, n, self.optimizer.state.dtype)
+            self.optimizer.rebind_state(NodeBuffer(self.momenta))
+        # The node's ranks hold equal parameters: at the start (the broadcast) and after
+        # a blocking sync over all rails, where every rank reads the same mean.
+        self.node_equal = True
         # Every rank of the node holds the same parameters and optimizer state: true until
         # a batch updates without the node sync (then the momenta differ for good).
         self.node_identical = True
@@ -164,12 +177,17 @@ class DASO(Strategy):
         plan = self.batch_schedule.plan(batch)
         if plan.node_sync:
             self._record(batch, "node sync")
-            node_allreduce(self.grad_buffer, self.topology, op="mean")
         else:
             self.node_identical = False
-        self.optimizer_step()
-        if plan.send:
-            self._send(batch, plan.send)
+        if self.sliced and self.node_equal and plan.node_sync and plan.send and \
+                plan.send.blocking:
+            self._sliced_send(batch, plan.send)
+        else:
+            if plan.node_sync:
+                node_allreduce(self.grad_buffer, self.topology, op="mean")
+            self.optimizer_step()
+            if plan.send:
+                self._send(batch, plan.send)
         if plan.merge:
             self._merge(batch, plan.merge)
         if plan.broadcast is not None:
@@ -178,6 +196,42 @@ class DASO(Strategy):
             self._average(batch, plan.send)
         if plan.rails_reset:
             self._record(batch, "rails reset")
+        self.node_equal = self.all_rails and plan.send is not None and plan.send.blocking
+
+    def _sliced_send(self, batch: int, send: Send) -> None:
+        """Node sync, local update and blocking send, 1/G of the parameters per rank.
+
+        The node's ranks start the batch with equal parameters and average the same
+        gradients, so rail k's update differs from theirs only by its momentum, and
+        every rank's momentum is a row of one window. Local rank j averages slice j of
+        the gradients (``node_slice_mean``), computes rail k's step on slice j of x
+        straight into the window and starts its sum over the nodes; while that travels,
+        it advances slice j of the other momenta. Bit for bit what the full path
+        computes, with two shared-memory syncs where that takes three (four where the
+        node is no longer identical: rail k publishes its x) and 1/G of the update
+        before the send. The rest of x is stale until the blocking average overwrites
+        it; the window sync before that average is the sync ``node_slice_mean`` asks
+        for before the gradients are written again.
+        """
+        self._record(batch, "send", rail=send.rail, wait=send.wait, cast=send.cast)
+        self.windows.reverse()
+        window = self.windows[0]
+        part, mean = node_slice_mean(self.grad_buffer, self.topology)
+        sent, rows = window.whole[0, part], list(self.momenta.whole[:, part])
+        stepped = rows.pop(send.rail)
+        with tracer().phase("optimizer"):
+            self.optimizer.step_replica(part, mean, stepped, out=sent)
+        request = None
+        if send.cast and self.half:
+            self._cast_sum(sent)
+        else:
+            request = rail_iallreduce(sent, self.topology)
+        with tracer().phase("optimizer"):  # an identical node's momenta: copies of rail k's
+            self.optimizer.step_momenta(part, mean, rows,
+                                        equal_to=stepped if self.node_identical else None)
+        if request is not None:
+            request.wait()
+        self.in_flight.append((None, window))
 
     def _record(self, batch: int, action: str, **numbers: Any) -> None:
         tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers)
@@ -207,24 +261,41 @@ class DASO(Strategy):
         request = None
         if send.cast and self.half:
             # The schedule casts only while B < 1, and then S = 0: the send blocks.
-            words = encode(sent[part], self.half.kind, self.words[part])
-            decode(self.half.rail_sum(words, self.topology), self.half.kind, sent[part])
+            self._cast_sum(sent[part])
         elif send.blocking:
             rail_allreduce(sent[part], self.topology, op="sum")
         else:
             request = rail_iallreduce(sent[part], self.topology, op="sum")
         self.in_flight.append((request, window))
 
-    def _finished_sum(self, rail: int) -> np.ndarray | None:
-        """Wait for the oldest sync in flight; its whole sum where this rank needs it."""
+    def _cast_sum(self, part: np.ndarray) -> None:
+        """Sum ``part`` over the rail in 16-bit words (blocking); the sum back in ``part``."""
+        words = encode(part, self.half.kind, self.words[:part.size])
+        decode(self.half.rail_sum(words, self.topology), self.half.kind, part)
+
+    def _finished_sum(self, rail: int, mean: Send | None = None) -> np.ndarray | None:
+        """Wait for the oldest sync in flight; its whole sum where this rank needs it.
+
+        ``mean`` (a blocking send over all rails): each rank first turns its own slice
+        of the sum into the mean (:meth:`_mean`), so the whole mean is read.
+        """
         if not self._carries(rail):
             return None
         request, window = self.in_flight.popleft()
         if request is not None:
             request.wait()
         if self.all_rails:
+            if mean is not None:
+                mine = window.whole[0, self.slice]
+                self._mean(mine, mean, out=mine)
             window.sync()  # every rail's slice of the sum is in row 0
         return window.whole[0]
+
+    def _mean(self, total: np.ndarray, send: Send, out: np.ndarray) -> None:
+        """``out`` <- the nodes' mean from their sum ``total`` (may be ``out`` itself)."""
+        np.divide(total, self.topology.num_nodes, out=out)
+        if send.cast and self.half:  # Heat divides in the sent precision: rounded again
+            out[...] = round_to(out, self.half.kind)
 
     def _merge(self, batch: int, merge: Merge) -> None:
         """Weigh the current parameters against the nodes' sum from the send."""
@@ -244,16 +315,23 @@ class DASO(Strategy):
             node_broadcast(self.flat.data, self.topology, root=root)
 
     def _average(self, batch: int, send: Send) -> None:
-        """Finish a blocking sync: the nodes' mean on its rail, then in every node."""
+        """Finish a blocking sync: the nodes' mean on its rail, then in every node.
+
+        With all rails every rank makes 1/G of the mean and reads all of it (the node is
+        then equal: no broadcast), and checks its own 1/G for non-finite values.
+        """
         self._record(batch, "average", rail=send.rail)
+        x = self.flat.data
+        if self.all_rails:
+            x[...] = self._finished_sum(send.rail, mean=send)
+            self._broadcast(batch, send.rail, equal=True)
+            if not np.isfinite(x[self.slice]).all():
+                self.check_finite()
+            return
         total = self._finished_sum(send.rail)
-        if total is not None and (self.all_rails or self.topology.local_rank == send.rail):
-            mean = total / self.topology.num_nodes
-            # Heat divides in the sent precision: the mean is rounded once more.
-            self.flat.data[...] = round_to(mean, self.half.kind) if send.cast and self.half \
-                else mean
-        # With all rails every rank has read the same sum: the node is equal.
-        self._broadcast(batch, send.rail, equal=self.all_rails)
+        if total is not None:
+            self._mean(total, send, out=x)
+        self._broadcast(batch, send.rail)
         self.check_finite()
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
@@ -277,3 +355,4 @@ class DASO(Strategy):
         self.schedule.load_state_dict(state["schedule"])
         self.batch_schedule.load_state_dict(state["batch_schedule"])
         self.node_identical = bool(state["node_identical"])
+        self.node_equal = True  # saved at an epoch's end, after its blocking sync

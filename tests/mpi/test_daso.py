@@ -147,6 +147,22 @@ def test_bf16_words_carry_two_bytes_per_parameter(sync):
     assert 0 < np.abs(x16 - x_full).max() < 0.05  # rounded, not broken
 
 
+@two_by_two
+def test_a_blocking_batch_reduces_slices_and_overlaps_the_other_momenta_with_the_send():
+    # all rails on an equal node: one slice mean per rank (one sync saved), rail k's step,
+    # its sum started, waited for after the other momenta; no full node reduction
+    tracer = set_tracer(Tracer(world.rank))
+    s = build("daso", topology(2), optimizer={"momentum": 0.9})
+    tracer.reset()
+    set_values(s, (0, 0, 0))
+    train_epoch(s, 0, 3)
+    ops = [(e["name"], e["args"].get("op")) for e in tracer.events if e["ph"] == "X"]
+    assert ops.count(("comm_intra", "node_reduce")) == 3
+    assert ops.count(("wait", "rail iallreduce")) == 3
+    assert not [op for name, op in ops if op in ("node_allreduce", "node_broadcast",
+                                                 "rail_allreduce")]
+
+
 def train_run(s, losses, start=0, stop=None):
     """Epochs start..stop with the real schedule, fed ``losses``."""
     for epoch in range(start, len(losses) if stop is None else stop):

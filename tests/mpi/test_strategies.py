@@ -26,6 +26,8 @@ REDUCTIONS = {  # strategy and options that must equal sync
     "daso-warmup": ("daso", {"warmup_epochs": 2, "cooldown_epochs": 0}),
     # epoch 1 would cycle after warm-up, but the cool-down wins
     "daso-cooldown": ("daso", {"warmup_epochs": 1, "cooldown_epochs": 1}),
+    # Heat's single rail: the full node sync and update (all rails slice them, 2 x 2)
+    "daso-rail": ("daso", {"warmup_epochs": 2, "cooldown_epochs": 0, "global_sync": "rail"}),
 }
 
 

@@ -181,6 +181,10 @@ def test_pooling_kernels_match_reference(dtype, case):
     tol = tolerance(dtype)
     np.testing.assert_allclose(dx, pl.maxpool_backward_reference(g, ref_arg, x.shape), rtol=tol,
                                atol=tol)
+    if k == s:  # tiling windows: one pass writes all of dx, exactly the scatter-add's values
+        tiles = np.full_like(x, np.nan)
+        pl._maxpool_backward_tiles_kernel(g, argmax, k, tiles)
+        np.testing.assert_array_equal(tiles, dx)
     avg = np.empty_like(out)
     pl._avgpool_forward_kernel(x, k, s, avg)
     np.testing.assert_allclose(avg, pl.avgpool_forward_reference(x, k, s), rtol=tol, atol=tol)
@@ -204,6 +208,17 @@ def test_relu_backward_matches_reference(dtype, size):
     out = np.empty_like(x)
     ew._relu_backward_kernel(g, x, out)
     np.testing.assert_array_equal(out, ew.relu_backward_reference(g, x))
+
+
+@pytest.mark.parametrize("order", ["FF", "CF", "FC"])
+def test_relu_backward_takes_fortran_ordered_linear_outputs(order):
+    # a linear layer's output and gradient come out Fortran-ordered (ops/linalg.py)
+    g, x = rand((7, 5), np.float32, 4), rand((7, 5), np.float32, 5)
+    g, x = (np.asfortranarray(a) if o == "F" else a for a, o in zip((g, x), order))
+    out = ew.relu_backward(g, x)
+    np.testing.assert_array_equal(out, ew.relu_backward_reference(g, x))
+    if ew.use_kernels(g, x):  # the kernel runs in x's order (the reference: NumPy's rules)
+        assert out.flags.f_contiguous == (order[1] == "F")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

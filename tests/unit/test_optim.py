@@ -1,5 +1,7 @@
 """SGD and LARS update rules, LR schedules, and argument checks."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -107,6 +109,65 @@ def test_sgd_matches_pytorch_convention(momentum, nesterov, wd, flat):
     for i, p in enumerate(params):
         expected = reference_sgd(w0[i], [s[i] for s in grads], 0.1, momentum, nesterov, wd)
         np.testing.assert_allclose(p.data, expected, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0, False, 0), (0.9, False, 0),
+                                                   (0.9, True, 1e-2), (0.5, False, 5e-4)])
+@pytest.mark.parametrize("equal_momenta", [False, True])
+def test_replicas_stepped_slice_by_slice_equal_each_replicas_own_step(momentum, nesterov, wd,
+                                                                      equal_momenta):
+    # DASO's blocking batch: 3 replicas with equal parameters and gradient, each its own
+    # momentum (or all the same one: then copied); 2 optimizers each step one half of
+    # all of them (float32: any other order of operations would show in the bits)
+    rng = np.random.default_rng(5)
+    layers.manual_seed(4)
+    replicas = [layers.mlp(6, (5,), 3) for _ in range(3)]
+    for model in replicas[1:]:
+        model.flat_parameters().data[...] = replicas[0].flat_parameters().data
+    own = [SGD(m.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+           for m in replicas]
+    momenta = rng.standard_normal(own[0].state.size)
+    for opt in own:  # momenta that differ, or not
+        opt.state[...] = momenta if equal_momenta else rng.standard_normal(opt.state.size)
+    states = np.stack([opt.state for opt in own])
+    grad = rng.standard_normal(states.shape[1]).astype(np.float32)
+    x0 = replicas[0].flat_parameters().data.copy()
+    for model, opt in zip(replicas, own):
+        model.flat_parameters().grad[...] = grad
+        opt.step()
+    follow, n = 2, states.shape[1]
+    out = np.empty(n, np.float32)
+    for part in (slice(0, n // 2), slice(n // 2, n)):
+        layers.manual_seed(4)
+        mine = layers.mlp(6, (5,), 3)
+        mine.flat_parameters().data[...] = x0
+        opt = SGD(mine.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov,
+                  weight_decay=wd)
+        opt.step_replica(part, grad[part], states[follow, part], out[part])
+        opt.step_momenta(part, grad[part], [states[r, part] for r in (0, 1)],
+                         equal_to=states[follow, part] if equal_momenta else None)
+        np.testing.assert_array_equal(mine.flat_parameters().data, x0)  # left for the average
+        assert opt.step_count == 1
+    np.testing.assert_array_equal(out, replicas[follow].flat_parameters().data)
+    for r, opt in enumerate(own):
+        np.testing.assert_array_equal(states[r], opt.state)
+
+
+def test_rebound_state_keeps_its_values_and_takes_the_updates():
+    model = layers.mlp(4, (3,), 2)
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.flat_parameters().grad[...] = 1
+    opt.step()
+    memory = types.SimpleNamespace(array=np.full(opt.state.size, np.nan, np.float32))
+    before = opt.state.copy()
+    opt.rebind_state(memory)
+    assert opt.state is memory.array
+    np.testing.assert_array_equal(memory.array, before)
+    opt.step()
+    np.testing.assert_allclose(memory.array, 0.9 * before + 1, rtol=1e-6)
+    assert all(np.shares_memory(v, memory.array) for v in opt.state_views)
+    with pytest.raises(ValueError, match="rebind_state: buffer has shape"):
+        opt.rebind_state(types.SimpleNamespace(array=np.zeros(3, np.float32)))
 
 
 def test_optimizer_state_round_trips():

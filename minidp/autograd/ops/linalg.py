@@ -3,7 +3,8 @@
 ``linear(x, W, b) = x @ W.T + b`` with PyTorch's weight layout ``(out, in)``. It is
 one Function rather than three, so backward makes exactly the three BLAS calls it
 needs (dx = g @ W, dW = g.T @ x, db = sum(g)) and skips dx when x needs no gradient
-(the input batch).
+(the input batch). On 2-D inputs the output and dx are computed transposed and come
+out Fortran-ordered (see Linear.forward).
 """
 
 from __future__ import annotations
@@ -63,14 +64,19 @@ class Linear(Function):
         self.x_shape = x.shape
         self.x2 = x.reshape(-1, x.shape[-1])  # (M, in)
         self.w = w
-        out = self.x2 @ w.T
+        # 2-D input: the product as (W x^T)^T, which OpenBLAS runs 10-25% faster on these
+        # layers' shapes than x W^T; the result is its Fortran-ordered transpose, which
+        # the elementwise ops keep and the next layer's product takes as it is.
+        out = (w @ self.x2.T).T if x.ndim == 2 else self.x2 @ w.T
         if b is not None:
             out += b
         return out.reshape(x.shape[:-1] + (w.shape[0],))
 
     def backward(self, g: Any) -> tuple:
         g2 = g.reshape(-1, g.shape[-1])  # (M, out)
-        gx = (g2 @ self.w).reshape(self.x_shape) if self.wants(0) else None
+        # (W^T g^T)^T, Fortran-ordered like the forward's output: the relu before this
+        # layer then takes its gradient and its input in one order, without a copy
+        gx = (self.w.T @ g2.T).T.reshape(self.x_shape) if self.wants(0) else None
         gw = g2.T @ self.x2 if self.wants(1) else None
         gb = g2.sum(axis=0) if self.wants(2) else None
         return gx, gw, gb

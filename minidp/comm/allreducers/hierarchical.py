@@ -50,11 +50,12 @@ class NodeSlices:
         b = chunk_bounds(self.array.size, topology.local_size)
         self.mine = slice(b[topology.local_rank], b[topology.local_rank + 1])
 
-    def sum_slice(self, broadcast: bool) -> np.ndarray:
+    def sum_slice(self, broadcast: bool, divisor: int = 1) -> np.ndarray:
         """Sync, then sum this rank's slice over the segments into row 0; returns that part.
 
         With ``broadcast`` (nothing left to do across nodes) each block of the sum is also
-        copied into the other rows while it is in cache.
+        copied into the other rows while it is in cache; a ``divisor`` other than 1
+        divides each block by it first (a mean, in the bits of a division afterwards).
         """
         self.shared.sync()
         whole, mine = self.shared.whole, self.mine
@@ -63,6 +64,8 @@ class NodeSlices:
             acc = whole[0, block]
             for row in whole[1:, block]:
                 acc += row
+            if divisor != 1:
+                acc /= divisor
             if broadcast:
                 for row in whole[1:, block]:
                     row[...] = acc
