@@ -55,6 +55,7 @@ class Launch:
     output: str
     seconds: float
     killed: bool
+    shm: frozenset[str] = frozenset()  # a killed job's files, seen mapped before the kill
 
 
 def shm_files() -> set[str]:
@@ -62,10 +63,29 @@ def shm_files() -> set[str]:
     return set(glob.glob("/dev/shm/mpich_shm_*"))
 
 
-def _in_use() -> set[str]:
-    """The files under /dev/shm that a live process maps or holds open."""
-    used: set[str] = set()
+def _descendants(root: int) -> set[str]:
+    """The processes below ``root`` (Hydra starts each rank in a session of its own, so
+    the process group does not find them)."""
+    children: dict[str, list[str]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = f.read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            continue
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), [str(root)]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _in_use(pids: set[str] | None = None) -> set[str]:
+    """The files under /dev/shm that a live process (one of ``pids``) maps or holds open."""
+    used: set[str] = set()
+    for pid in pids if pids is not None else filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/maps") as f:
                 used.update(line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line)
@@ -73,7 +93,7 @@ def _in_use() -> set[str]:
             used.update(os.readlink(os.path.join(fds, fd)) for fd in os.listdir(fds))
         except OSError:  # the process ended meanwhile, or is not ours to read
             continue
-    return used
+    return {path for path in used if path.startswith("/dev/shm/")}
 
 
 def shm_leftovers(before: set[str]) -> set[str]:
@@ -117,11 +137,12 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    killed = False
+    killed, job_shm = False, set()
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         killed = True
+        job_shm = _in_use(_descendants(proc.pid)) & shm_files()
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
     seconds = time.monotonic() - start
@@ -130,4 +151,9 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
         returncode = 124
     if killed or returncode:
         remove_shm_leftovers(shm_before)
-    return Launch(None if killed else returncode, output, seconds, killed)
+    for leftover in job_shm:  # this job's own, whatever other jobs' files look like
+        try:
+            os.remove(leftover)
+        except FileNotFoundError:
+            pass
+    return Launch(None if killed else returncode, output, seconds, killed, frozenset(job_shm))

@@ -14,14 +14,11 @@
     ``Win.Allocate_shared``, ``Win.Fence``, ``File.Open``, ``Free``): a timed barrier,
     then the call under a watchdog (a rank stopped between the two would hold the others
     inside MPI, where no poll runs: the watchdog names it and ends the process);
-  - :func:`wait_peer`, :func:`sendrecv`, :func:`probe_peer`: point-to-point, timing out
-    naming the silent peer;
+  - point-to-point: :mod:`minidp.comm.peers` (``wait_peer``, ``sendrecv``,
+    ``probe_peer``, on :func:`poll_peers`), timing out naming the silent peer;
   - :func:`roll_call`: a barrier that names missing ranks before the board exists.
-* The names come from a status board: a small shared-memory window over the ranks of
-  each real node (built first thing by the first world :class:`~minidp.comm.Topology`,
-  after a :func:`roll_call`), where a rank writes what it is waiting in. Reading it
-  needs nothing from the missing rank, which is busy elsewhere; ranks on other real
-  nodes are reported as not visible.
+* The names come from the status board (:mod:`minidp.comm.board`), built by the first
+  world :class:`~minidp.comm.Topology` after a :func:`roll_call`.
 * :func:`check_same` (on when ``MINIDP_DEBUG=1`` or :func:`set_debug`) gathers, before a
   collective, each rank's operation, shape and dtype, and raises on every rank naming the
   ranks that differ from rank 0, instead of letting mismatched calls corrupt data or deadlock.
@@ -46,8 +43,8 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-_RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("pid", "i8"),
-                    ("label", "S96")])
+from minidp.comm.board import RECORD, StatusBoard
+
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
 MIN_TIMEOUT_S = 1.0  # of MINIDP_COMM_TIMEOUT: shorter cannot cover the ranks' start-up skew
 NAP_S = 1e-4  # one sleep between polls, when ranks outnumber cores (set_oversubscribed)
@@ -123,90 +120,25 @@ def debug_checks() -> bool:
 _SET_UP = "topology set-up: status board"
 
 
-class _Board:
-    """One record per rank of the real node: what that rank is waiting in, if anything."""
-
-    def __init__(self, world: MPI.Comm) -> None:
-        self.world = world
-        # Until the board exists no timeout can name anyone: the roll call can.
-        roll_call(world, _SET_UP)
-        self.node = collective(world, _SET_UP, world.Split_type, MPI.COMM_TYPE_SHARED,
-                               key=world.Get_rank())
-        self.window = collective(self.node, _SET_UP, MPI.Win.Allocate_shared,
-                                 _RECORD.itemsize, _RECORD.itemsize, comm=self.node)
-        base, _ = self.window.Shared_query(0)
-        n = self.node.Get_size()
-        memory = MPI.buffer.fromaddress(base.address, n * _RECORD.itemsize)
-        self.records = np.ndarray(buffer=memory, dtype=_RECORD, shape=(n,))
-        self.mine = self.records[self.node.Get_rank()]
-        self.mine["waiting"], self.mine["count"], self.mine["pid"] = 0, 0, os.getpid()
-        self.mine["label"], self.mine["since"] = b"start", time.time()
-        # world rank -> slot on this node (absent: another real node)
-        self.slots = {w: s for s, w in enumerate(
-            allgather_object(self.node, world.Get_rank(), _SET_UP))}
-        self.counts: dict[str, int] = {}
-        # No rank reads the board before every record is initialised.
-        barrier(self.node, _SET_UP)
-
-    def call(self, label: str) -> int:
-        """Number this rank's calls per label, finished at once or not, so ranks agree."""
-        count = self.counts.get(label, 0) + 1
-        self.counts[label] = count
-        return count
-
-    def enter(self, label: str, count: int) -> None:
-        self.mine["count"], self.mine["label"] = count, label.encode()[:96]
-        self.mine["since"], self.mine["waiting"] = time.time(), 1
-
-    def leave(self) -> None:
-        self.mine["waiting"], self.mine["since"] = 0, time.time()
-
-    def members(self, comm: MPI.Comm) -> list[int]:
-        """The world ranks of ``comm``'s ranks."""
-        return MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
-                                         self.world.Get_group())
-
-    def missing(self, comm: MPI.Comm, label: str, count: int) -> list[str]:
-        """Descriptions of the ranks of comm not waiting in this same call."""
-        return self.absent(self.members(comm), label, count)
-
-    def absent(self, members: list[int], label: str, count: int) -> list[str]:
-        """Descriptions of the world ranks ``members`` not waiting in this same call."""
-        now, lines = time.time(), []
-        for world_rank in members:
-            slot = self.slots.get(world_rank)
-            if slot is None:
-                lines.append(f"rank {world_rank}: on another node, state not visible here")
-                continue
-            rec = self.records[slot]
-            there, stopped = rec["label"].decode(), _stopped(int(rec["pid"]))
-            if rec["waiting"] and there == label and rec["count"] == count and not stopped:
-                continue
-            state = "waiting in" if rec["waiting"] else "last in"
-            # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.
-            what = f"process {rec['pid']} stopped" if stopped else "never arrived"
-            lines.append(f"rank {world_rank}: {what} ({state} {there!r} #{rec['count']}, "
-                         f"{max(0.0, now - rec['since']):.1f} s ago)")
-        return lines
-
-
-def _stopped(pid: int) -> bool:
-    """Whether process ``pid`` of this machine is stopped (Linux's state T or t)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
-
-
-_board: dict[str, _Board] = {}
+_board: dict[str, StatusBoard] = {}
 
 
 def ensure_board(world: MPI.Comm) -> None:
     """Build the status board once, collectively, when ``world`` is MPI's whole world."""
-    if "board" not in _board and MPI.Comm.Compare(world, MPI.COMM_WORLD) in (
+    if "board" in _board or MPI.Comm.Compare(world, MPI.COMM_WORLD) not in (
             MPI.IDENT, MPI.CONGRUENT):
-        _board["board"] = _Board(world)
+        return
+    # Until the board exists no timeout can name anyone: the roll call can.
+    roll_call(world, _SET_UP)
+    node = collective(world, _SET_UP, world.Split_type, MPI.COMM_TYPE_SHARED,
+                      key=world.Get_rank())
+    window = collective(node, _SET_UP, MPI.Win.Allocate_shared, RECORD.itemsize,
+                        RECORD.itemsize, comm=node)
+    # world rank -> slot on this node (absent: another real node)
+    slots = {w: s for s, w in enumerate(allgather_object(node, world.Get_rank(), _SET_UP))}
+    board = StatusBoard(world, node, window, slots)
+    barrier(node, _SET_UP)  # no rank reads the board before every record is written
+    _board["board"] = board
 
 
 def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
@@ -220,7 +152,7 @@ def wait(request: MPI.Request, comm: MPI.Comm, operation: str) -> None:
 
 
 def _waiting(done: Callable[[], bool], label: str, rank: int,
-             missing: Callable[[_Board, int], list[str]]) -> None:
+             missing: Callable[[StatusBoard, int], list[str]]) -> None:
     """Call ``done`` until it is true, on the status board as ``label``, or time out.
 
     On a timeout, ``missing(board, count)`` describes the ranks waited for (``count``:
@@ -358,7 +290,7 @@ def roll_call(comm: MPI.Comm, operation: str) -> None:
                 withdraw(call)
         present = [r for r in range(1, size) if came[r]]
         answers = [comm.Isend([came, MPI.BYTE], r, _ROLL_CALL_TAG) for r in present]
-        _poll_peers(lambda: MPI.Request.Testall(answers), comm, present, label)
+        poll_peers(lambda: MPI.Request.Testall(answers), comm, present, label)
     else:
         answer = comm.Irecv([came, MPI.BYTE], 0, _ROLL_CALL_TAG)
         hello = comm.Isend([np.ones(1, np.uint8), MPI.BYTE], 0, _ROLL_CALL_TAG)
@@ -387,27 +319,7 @@ def _poll_until(done: Callable[[], bool], seconds: float) -> bool:
     return True
 
 
-def _peer_states(board: _Board, comm: MPI.Comm, peers: list[int]) -> list[str]:
-    """What the status board says each of ``peers`` (ranks of ``comm``) is or was last in."""
-    group, board_group = comm.Get_group(), board.world.Get_group()
-    members = MPI.Group.Translate_ranks(group, list(peers), board_group)
-    group.Free()
-    board_group.Free()
-    now, lines = time.time(), []
-    for peer, world_rank in zip(peers, members):
-        slot = board.slots.get(world_rank)
-        if slot is None:
-            lines.append(f"rank {peer}: on another node, state not visible here")
-            continue
-        rec = board.records[slot]
-        state = "waiting in" if rec["waiting"] else "last in"
-        label = rec["label"].decode(errors="replace")
-        lines.append(f"rank {peer}: {state} {label!r} #{rec['count']}, "
-                     f"{max(0.0, now - rec['since']):.1f} s ago")
-    return lines
-
-
-def _poll_peers(test: Callable[[], bool], comm: MPI.Comm, peers: list[int],
+def poll_peers(test: Callable[[], bool], comm: MPI.Comm, peers: list[int],
                 operation: str) -> None:
     """Call ``test`` until it is true, on the status board as ``operation``, or time out.
 
@@ -425,26 +337,7 @@ def _poll_peers(test: Callable[[], bool], comm: MPI.Comm, peers: list[int],
                            f"({exc.Get_error_string().splitlines()[0]})") from None
 
     _waiting(done, operation, comm.Get_rank(),
-             lambda board, _: _peer_states(board, comm, peers))
-
-
-def wait_peer(request: MPI.Request, comm: MPI.Comm, peers: list[int], operation: str,
-              status: MPI.Status | None = None) -> None:
-    """Complete a point-to-point request, or raise CommTimeout naming the silent peers.
-
-    Unlike :func:`wait`, the ranks named on a timeout are only ``peers`` (those that
-    could complete the request), each with what the status board says it is doing.
-    The request is left as it is on a timeout: cancelling it is the caller's choice.
-
-    Args:
-        request: an ``Isend`` or ``Irecv`` request on ``comm``.
-        comm: the communicator whose ranks ``peers`` are.
-        peers: the ranks that could complete it (the destination, or the possible sources).
-        operation: what this rank is doing, shown on the status board and in the timeout
-            (e.g. ``"recv parameters from rank 2"``).
-        status: filled with the source, tag and size of a completed receive.
-    """
-    _poll_peers(lambda: request.Test(status), comm, peers, operation)
+             lambda board, _: board.peer_states(comm, peers))
 
 
 def withdraw(request: MPI.Request, status: MPI.Status | None = None) -> bool:
@@ -468,40 +361,6 @@ def start_max(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> MPI.Request
     Starting waits for no rank; complete it with :func:`wait`, which names a missing one.
     """
     return comm.Iallreduce(send, recv, op=MPI.MAX)
-
-
-def sendrecv(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
-             tag: int, operation: str) -> None:
-    """``comm.Sendrecv`` as ``Irecv`` + ``Isend``, each completed by :func:`wait_peer`.
-
-    A timeout names ``source`` (for the receive) or ``dest`` (for the send) with what the
-    status board says it is doing; the requests are left as they are (the job ends).
-    """
-    receiving = comm.Irecv(recv, source=source, tag=tag)
-    sending = comm.Isend(send, dest=dest, tag=tag)
-    wait_peer(receiving, comm, [source], operation)
-    wait_peer(sending, comm, [dest], operation)
-
-
-def probe_peer(comm: MPI.Comm, source: int, tag: int, peers: list[int],
-               operation: str) -> MPI.Status:
-    """Wait (polling ``Iprobe``) until a message can be received; return its status.
-
-    Nothing is received and nothing is left posted, so a timeout leaves ``comm`` clean.
-
-    Args:
-        comm: the communicator to probe.
-        source: the rank the message must come from, or ``MPI.ANY_SOURCE``.
-        tag: the tag it must carry, or ``MPI.ANY_TAG``.
-        peers: the ranks that could send it, named on a timeout.
-        operation: what this rank is doing, for the status board and the timeout.
-
-    Returns:
-        The status of the first matching message: source, tag and size.
-    """
-    status = MPI.Status()
-    _poll_peers(lambda: comm.Iprobe(source, tag, status), comm, peers, operation)
-    return status
 
 
 def check_same(comm: MPI.Comm, operation: str, buffer: Any = None) -> None:

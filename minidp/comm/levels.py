@@ -81,16 +81,18 @@ def rail_allreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> n
     return RailAllreduce(buffer, topology, False, op).wait()
 
 
-def rail_iallreduce(buffer: np.ndarray, topology: Topology, op: str = "sum") -> AllreduceRequest:
+def rail_iallreduce(buffer: np.ndarray, topology: Topology, op: str = "sum",
+                    waits_as: str = "wait") -> AllreduceRequest:
     """Start a non-blocking reduce of ``buffer`` over this rank's rail; wait() finishes it.
 
     The network model's time runs from now, so the batches computed before ``wait()``
-    hide it; whatever is left is slept in ``wait()`` under the phase ``wait``. It uses
-    no workspace: several may be in flight, each on its own buffer.
+    hide it; whatever is left is slept in ``wait()`` under the phase ``waits_as``
+    (``comm_inter`` where the caller waits within the same batch). It uses no
+    workspace: several may be in flight, each on its own buffer.
     """
     check_buffer(buffer, "mpi", op, topology.rank)
     guard.check_same(topology.cross, f"rail iallreduce {op}", buffer)
-    return RailAllreduce(buffer, topology, True, op)
+    return RailAllreduce(buffer, topology, True, op, waits_as)
 
 
 def node_broadcast(buffer: np.ndarray, topology: Topology, root: int) -> np.ndarray:

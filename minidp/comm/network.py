@@ -97,21 +97,21 @@ class Pending:
     """An operation in flight (a non-blocking collective): counted now, charged at its wait.
 
     The modelled time runs from the start, so computation done meanwhile hides it;
-    :meth:`waiting` times the blocked part under the phase ``wait`` and sleeps whatever
-    of the model is left.
+    :meth:`waiting` times the blocked part under ``phase`` (``wait``: the caller went on
+    to other batches) and sleeps whatever of the model is left.
     """
 
     def __init__(self, level: str, operation: str, messages: int, nbytes: float,
-                 counted: str | None = None) -> None:
+                 counted: str | None = None, phase: str = "wait") -> None:
         _account(level, messages, nbytes, counted)
-        self.level, self.operation = level, operation
+        self.level, self.operation, self.phase = level, operation, phase
         self.model_s = _charge(messages, nbytes) if level == "inter" else 0.0
         self.start = time.perf_counter()
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         """Time the wait; on leaving, sleep until the modelled completion time."""
-        with tracer().phase("wait", op=self.operation, level=self.level):
+        with tracer().phase(self.phase, op=self.operation, level=self.level):
             yield
             remainder = self.model_s - (time.perf_counter() - self.start)
             if remainder > 0:

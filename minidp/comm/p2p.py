@@ -5,8 +5,8 @@ themselves, so that every message is
 
 * buffer-based: ``Isend``, ``Irecv`` and ``Iprobe`` on a C-contiguous NumPy array,
   moved as raw bytes (``MPI.BYTE``); dtype and shape are a contract between the two ends;
-* completed by a timed wait (:func:`minidp.comm.guard.wait_peer`,
-  :func:`minidp.comm.guard.probe_peer`) that shows a label on the status board (e.g.
+* completed by a timed wait (:func:`minidp.comm.peers.wait_peer`,
+  :func:`minidp.comm.peers.probe_peer`) that shows a label on the status board (e.g.
   ``"recv parameters from rank 2"``) and, past ``MINIDP_COMM_TIMEOUT``, raises
   :class:`~minidp.comm.guard.CommTimeout` naming the silent peer and what it was last in;
 * counted, timed and charged by the level it crosses (``topology.level(peer)``).
@@ -54,6 +54,7 @@ from mpi4py import MPI
 
 from minidp.comm import guard
 from minidp.comm.network import Pending, charged
+from minidp.comm.peers import probe_peer, wait_peer
 from minidp.comm.topology import Topology
 from minidp.trace import tracer
 
@@ -185,7 +186,7 @@ def send(buffer: np.ndarray, dest: int, tag: int, topology: Topology, what: str)
     label = f"send {what} to rank {dest}"
     with charged(topology.level(dest), label, 1, buffer.nbytes):
         request = topology.world.Isend([buffer, MPI.BYTE], dest, tag)
-        guard.wait_peer(request, topology.world, [dest], label)
+        wait_peer(request, topology.world, [dest], label)
 
 
 def recv(buffer: np.ndarray, source: int, tag: int, topology: Topology, what: str,
@@ -217,10 +218,10 @@ def recv(buffer: np.ndarray, source: int, tag: int, topology: Topology, what: st
     with tracer().phase("wait", op=label):
         # Probe first: the size is checked before anything is written, and the receive
         # below matches exactly the probed message (same source and tag, first in order).
-        message = _message(guard.probe_peer(topology.world, source, tag, peers, label))
+        message = _message(probe_peer(topology.world, source, tag, peers, label))
         _check_fits(message, buffer, topology, label)
         request = topology.world.Irecv([buffer, MPI.BYTE], message.source, message.tag)
-        guard.wait_peer(request, topology.world, [message.source], label)
+        wait_peer(request, topology.world, [message.source], label)
     return message
 
 
@@ -237,7 +238,7 @@ def probe(topology: Topology, source: int = ANY_SOURCE, tag: int = ANY_TAG,
     peers = _check_peers(peers, source, topology)
     label = f"{what} (probe from {_from_text(source, peers)})"
     with tracer().phase(phase, op=label):
-        return _message(guard.probe_peer(topology.world, source, tag, peers, label))
+        return _message(probe_peer(topology.world, source, tag, peers, label))
 
 
 def next_request(topology: Topology, active: list[int], turn: int | None) -> Message:
@@ -321,7 +322,7 @@ class PeerRequest:
     def _complete(self) -> None:
         try:
             with self._refusing_truncation():
-                guard.wait_peer(self.request, self.topology.world, self.peers, self.label,
+                wait_peer(self.request, self.topology.world, self.peers, self.label,
                                 self.status)
         except guard.CommTimeout as timeout:
             if self.pending is not None:

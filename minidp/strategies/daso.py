@@ -225,7 +225,9 @@ class DASO(Strategy):
         if send.cast and self.half:
             self._cast_sum(sent)
         else:
-            request = rail_iallreduce(sent, self.topology)
+            # A blocking send, started early only to hide under the other momenta's
+            # update: what is left of it is this batch's network time, not a wait.
+            request = rail_iallreduce(sent, self.topology, waits_as="comm_inter")
         with tracer().phase("optimizer"):  # an identical node's momenta: copies of rail k's
             self.optimizer.step_momenta(part, mean, rows,
                                         equal_to=stepped if self.node_identical else None)

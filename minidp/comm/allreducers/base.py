@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 from mpi4py import MPI
 
-from minidp.comm import guard
+from minidp.comm import guard, peers
 from minidp.comm.network import Pending, charged
 from minidp.comm.shared import NodeBuffer, SharedArray
 from minidp.comm.topology import Topology
@@ -122,12 +122,12 @@ class Waiting:
         if self.peer is None:
             guard.wait(self.request, self.comm, self.label)
         else:
-            guard.wait_peer(self.request, self.comm, [self.peer], self.label)
+            peers.wait_peer(self.request, self.comm, [self.peer], self.label)
 
 
 def exchange(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
              tag: int, label: str) -> Iterator[Waiting]:
-    """:func:`guard.sendrecv` as waits to yield: the receive (naming source), then the send."""
+    """:func:`peers.sendrecv` as waits to yield: the receive (naming source), then the send."""
     receiving = comm.Irecv(recv, source=source, tag=tag)
     sending = comm.Isend(send, dest=dest, tag=tag)
     yield Waiting(receiving, comm, label, source)
@@ -158,6 +158,7 @@ class AllreduceRequest(abc.ABC):
     """
 
     name: ClassVar[str]
+    waits_as = "wait"  # the phase of a started form's wait()
 
     def __init__(self, buffer: Buffer, topology: Topology, started: bool, op: str = "sum",
                  check_finite: bool = False) -> None:
@@ -192,7 +193,8 @@ class AllreduceRequest(abc.ABC):
         """
         if not self.started:
             return charged(level, operation, messages, nbytes, counted)
-        self.pending = Pending(level, started_operation, messages, nbytes, counted)
+        self.pending = Pending(level, started_operation, messages, nbytes, counted,
+                               self.waits_as)
         return _UNTIMED
 
     def test(self) -> bool:

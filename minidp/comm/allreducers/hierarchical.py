@@ -103,13 +103,16 @@ class RailAllreduce(AllreduceRequest):
     """The buffer summed over this rank's rail only (its local rank on every node).
 
     Only the ranks of one rail take part; the other rails are free. A mean divides by
-    the number of nodes.
+    the number of nodes. ``waits_as``: the phase of the started form's ``wait()``
+    (``comm_inter`` for a send that is blocking but started early to overlap the
+    caller's own work of the same batch).
     """
 
     name = "rail"
 
-    def __init__(self, buffer: np.ndarray, topology: Topology, started: bool, op: str = "sum"
-                 ) -> None:
+    def __init__(self, buffer: np.ndarray, topology: Topology, started: bool, op: str = "sum",
+                 waits_as: str = "wait") -> None:
+        self.waits_as = waits_as
         super().__init__(buffer, topology, started, op)
         self.ranks = topology.num_nodes  # one rank per node
 

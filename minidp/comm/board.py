@@ -1,0 +1,112 @@
+"""The status board: what each rank of a node is waiting in, readable by the others.
+
+A small shared-memory window over the ranks of each real node (one record a rank: the
+operation it waits in, how many of them it has called, since when, its process id).
+A rank writes its own record around every wait of :mod:`minidp.comm.guard`; when a
+wait times out, the ranks that never arrived are named from their records, which needs
+nothing from them (they are busy elsewhere, or stopped). Ranks on other real nodes are
+reported as not visible.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("pid", "i8"),
+                    ("label", "S96")])
+
+
+class StatusBoard:
+    """One record per rank of the real node: what that rank is waiting in, if anything."""
+
+    def __init__(self, world: MPI.Comm, node: MPI.Comm, window: MPI.Win,
+                 slots: dict[int, int]) -> None:
+        """The board of ``node`` (this rank's real node) in ``window`` (a record a rank).
+
+        Built collectively by :func:`minidp.comm.guard.ensure_board`; ``slots`` maps the
+        world rank of every rank of the node to its record.
+        """
+        self.world, self.node, self.window, self.slots = world, node, window, slots
+        base, _ = window.Shared_query(0)
+        n = node.Get_size()
+        memory = MPI.buffer.fromaddress(base.address, n * RECORD.itemsize)
+        self.records = np.ndarray(buffer=memory, dtype=RECORD, shape=(n,))
+        self.mine = self.records[node.Get_rank()]
+        self.mine["waiting"], self.mine["count"], self.mine["pid"] = 0, 0, os.getpid()
+        self.mine["label"], self.mine["since"] = b"start", time.time()
+        self.counts: dict[str, int] = {}
+
+    def call(self, label: str) -> int:
+        """Number this rank's calls per label, finished at once or not, so ranks agree."""
+        count = self.counts.get(label, 0) + 1
+        self.counts[label] = count
+        return count
+
+    def enter(self, label: str, count: int) -> None:
+        """This rank now waits in call ``count`` of ``label``."""
+        self.mine["count"], self.mine["label"] = count, label.encode()[:96]
+        self.mine["since"], self.mine["waiting"] = time.time(), 1
+
+    def leave(self) -> None:
+        """This rank waits no more (its last label stays, as "last in")."""
+        self.mine["waiting"], self.mine["since"] = 0, time.time()
+
+    def members(self, comm: MPI.Comm) -> list[int]:
+        """The world ranks of ``comm``'s ranks."""
+        return MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
+                                         self.world.Get_group())
+
+    def missing(self, comm: MPI.Comm, label: str, count: int) -> list[str]:
+        """Descriptions of the ranks of comm not waiting in this same call."""
+        return self.absent(self.members(comm), label, count)
+
+    def absent(self, members: list[int], label: str, count: int) -> list[str]:
+        """Descriptions of the world ranks ``members`` not waiting in this same call."""
+        now, lines = time.time(), []
+        for world_rank in members:
+            slot = self.slots.get(world_rank)
+            if slot is None:
+                lines.append(f"rank {world_rank}: on another node, state not visible here")
+                continue
+            rec = self.records[slot]
+            there, halted = rec["label"].decode(), stopped(int(rec["pid"]))
+            if rec["waiting"] and there == label and rec["count"] == count and not halted:
+                continue
+            state = "waiting in" if rec["waiting"] else "last in"
+            # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.
+            what = f"process {rec['pid']} stopped" if halted else "never arrived"
+            lines.append(f"rank {world_rank}: {what} ({state} {there!r} #{rec['count']}, "
+                         f"{max(0.0, now - rec['since']):.1f} s ago)")
+        return lines
+
+    def peer_states(self, comm: MPI.Comm, peers: list[int]) -> list[str]:
+        """What each of ``peers`` (ranks of ``comm``) is waiting in, or was last in."""
+        group, board_group = comm.Get_group(), self.world.Get_group()
+        members = MPI.Group.Translate_ranks(group, list(peers), board_group)
+        group.Free()
+        board_group.Free()
+        now, lines = time.time(), []
+        for peer, world_rank in zip(peers, members):
+            slot = self.slots.get(world_rank)
+            if slot is None:
+                lines.append(f"rank {peer}: on another node, state not visible here")
+                continue
+            rec = self.records[slot]
+            state = "waiting in" if rec["waiting"] else "last in"
+            label = rec["label"].decode(errors="replace")
+            lines.append(f"rank {peer}: {state} {label!r} #{rec['count']}, "
+                         f"{max(0.0, now - rec['since']):.1f} s ago")
+        return lines
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is stopped (Linux's state T or t)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
