@@ -16,6 +16,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+NOT_VISIBLE = "on another node, state not visible here"
 RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("pid", "i8"),
                     ("label", "S96")])
 
@@ -70,7 +71,7 @@ class StatusBoard:
         for world_rank in members:
             slot = self.slots.get(world_rank)
             if slot is None:
-                lines.append(f"rank {world_rank}: on another node, state not visible here")
+                lines.append(f"rank {world_rank}: {NOT_VISIBLE}")
                 continue
             rec = self.records[slot]
             there, halted = rec["label"].decode(), stopped(int(rec["pid"]))
@@ -93,7 +94,7 @@ class StatusBoard:
         for peer, world_rank in zip(peers, members):
             slot = self.slots.get(world_rank)
             if slot is None:
-                lines.append(f"rank {peer}: on another node, state not visible here")
+                lines.append(f"rank {peer}: {NOT_VISIBLE}")
                 continue
             rec = self.records[slot]
             state = "waiting in" if rec["waiting"] else "last in"

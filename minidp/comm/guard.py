@@ -16,17 +16,16 @@
     inside MPI, where no poll runs: the watchdog names it and ends the process);
   - point-to-point: :mod:`minidp.comm.peers` (``wait_peer``, ``sendrecv``,
     ``probe_peer``, on :func:`poll_peers`), timing out naming the silent peer;
-  - :func:`roll_call`: a barrier that names missing ranks before the board exists.
-* The names come from the status board (:mod:`minidp.comm.board`), built by the first
-  world :class:`~minidp.comm.Topology` after a :func:`roll_call`.
+  - :func:`roll_call`: a barrier that names missing ranks before the status board (the
+    names' source, :mod:`minidp.comm.board`, built by the first world Topology) exists.
 * :func:`check_same` (on when ``MINIDP_DEBUG=1`` or :func:`set_debug`) gathers, before a
   collective, each rank's operation, shape and dtype, and raises on every rank naming the
-  ranks that differ from rank 0, instead of letting mismatched calls corrupt data or deadlock.
+  ranks that differ from rank 0, instead of letting mismatched calls corrupt data or hang.
 * :func:`install_abort_hook`: for scripts not started under ``python -m mpi4py``, an
   uncaught exception on one rank prints its traceback and aborts the whole job.
 
-The two variables are read when first needed, not at import (so a bad value cannot break
-``--help``); a bad one is a ValueError naming the variable, the value and what is allowed.
+The two variables are read when first needed (a bad value cannot break ``--help``); a bad
+one is a ValueError naming the variable, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -43,10 +42,11 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from minidp.comm.board import RECORD, StatusBoard
+from minidp.comm.board import NOT_VISIBLE, RECORD, StatusBoard
 
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
 MIN_TIMEOUT_S = 1.0  # of MINIDP_COMM_TIMEOUT: shorter cannot cover the ranks' start-up skew
+HAND_OVER_S = 2.0  # a timed-out rank blind to the missing ones waits this before ending
 NAP_S = 1e-4  # one sleep between polls, when ranks outnumber cores (set_oversubscribed)
 ABORT_GRACE_S = 0.5  # before MPI_Abort, for the launcher to forward this rank's output
 _ROLL_CALL_TAG = 7399  # point-to-point on the world, before any other minidp message
@@ -177,6 +177,7 @@ def _waiting(done: Callable[[], bool], label: str, rank: int,
                 os.sched_yield()
             if time.monotonic() > deadline:
                 details = missing(board, count) if board else ["(no status board)"]
+                _hand_over(details)
                 raise CommTimeout(f"rank {rank}: {label!r} waited {comm_timeout():g} s "
                                   "(MINIDP_COMM_TIMEOUT); " + "; ".join(details))
     finally:
@@ -234,7 +235,14 @@ def _blocked(label: str, count: int, members: list[int], rank: int) -> None:
                      "stopped or died before the call; "
                      + ("; ".join(details) or "every rank of this node is in it") + "\n")
     sys.stderr.flush()
+    _hand_over(details)
     os._exit(2)  # the main thread cannot raise from inside MPI; the launcher ends the job
+
+
+def _hand_over(details: list[str]) -> None:
+    """Blind to every missing rank, let one on their node (it sees a stop) end the job."""
+    if details and all(line.endswith(NOT_VISIBLE) for line in details):
+        time.sleep(HAND_OVER_S)
 
 
 def bcast_object(comm: MPI.Comm, obj: Any, root: int, operation: str) -> Any:
@@ -353,14 +361,6 @@ def withdraw(request: MPI.Request, status: MPI.Status | None = None) -> bool:
 
 
 Request = MPI.Request  # for type hints outside comm, which never imports mpi4py
-
-
-def start_max(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> MPI.Request:
-    """Start the elementwise maximum of every rank's ``send`` into ``recv`` (``Iallreduce``).
-
-    Starting waits for no rank; complete it with :func:`wait`, which names a missing one.
-    """
-    return comm.Iallreduce(send, recv, op=MPI.MAX)
 
 
 def check_same(comm: MPI.Comm, operation: str, buffer: Any = None) -> None:
