@@ -135,6 +135,23 @@ def sequential(worker, epochs=2, batches=3, lr=LR):
     return model.flat_parameters().data.copy()
 
 
+@pytest.mark.parametrize("name,ranks_per_node,pulling", [
+    ("easgd-rr", None, "workers"), ("easgd-async", None, "workers"),
+    ("measgd-async", None, "workers"), ("easgd-sync", None, "workers"),
+    ("easgd-hogwild", 1, 1), ("easgd-hogwild", 2, 2)])
+def test_the_default_alpha_is_beta_09_over_the_workers_pulling_on_one_centre(
+        name, ranks_per_node, pulling):
+    # Zhang et al. and SC17: beta = p alpha = 0.9, p the workers one centre takes pulls
+    # from; easgd-hogwild's node centre takes only its node's G workers.
+    topo = topology_for(name, ranks_per_node)
+    if topo is None:
+        pytest.skip("too few ranks for this variant's roles, or ranks_per_node does not "
+                    "divide the world")
+    workers = world.size - (1 if name in SERVED else 0)
+    p = workers if pulling == "workers" else pulling
+    assert build(name, topo).alpha == 0.9 / p
+
+
 @pytest.mark.parametrize("name", ["easgd-rr", "easgd-async", "easgd-hogwild", "easgd-sync"])
 def test_alpha_zero_gives_independent_sgd_and_a_still_centre(name):
     topo = topology_for(name)
@@ -145,6 +162,38 @@ def test_alpha_zero_gives_independent_sgd_and_a_still_centre(name):
     np.testing.assert_array_equal(centre, x0)
     if topo.role == "worker":
         np.testing.assert_array_equal(s.flat.data, sequential(topo.rank))
+
+
+def easgd_in_rank_order(workers, epochs=2, batches=3, lr=LR):
+    """Zhang et al.'s Algorithm 1 with one master, the workers taken in rank order at
+    every step, in one process: d = alpha (x^i - x~); x^i <- x^i - lr g(x^i) - d;
+    x~ <- x~ + d, alpha = 0.9 / p."""
+    layers.manual_seed(0)
+    models = [layers.mlp(FEATURES, (10,), CLASSES).to(np.float64) for _ in workers]
+    xs = [m.flat_parameters() for m in models]
+    for x in xs[1:]:
+        x.data[...] = xs[0].data
+    centre, alpha = xs[0].data.copy(), 0.9 / len(workers)
+    for epoch in range(epochs):
+        for step in range(batches):
+            for worker, model, x in zip(workers, models, xs):
+                gradient(model, *batch(epoch, worker, step))
+                d = alpha * (x.data - centre)
+                x.data[...] = x.data - lr * x.grad - d
+                centre += d
+    return centre, [x.data for x in xs]
+
+
+def test_round_robin_is_algorithm_1_with_the_workers_in_rank_order():
+    topo = topology_for("easgd-rr")
+    if topo is None:
+        pytest.skip("needs a master and a worker: 2 ranks or more")
+    centre, _, s, _ = drive("easgd-rr", topo)
+    expected_centre, expected_workers = easgd_in_rank_order(topo.worker_ranks)
+    np.testing.assert_allclose(centre, expected_centre, rtol=0, atol=1e-13)
+    if topo.role == "worker":
+        mine = expected_workers[topo.worker_ranks.index(topo.rank)]
+        np.testing.assert_allclose(s.flat.data, mine, rtol=0, atol=1e-13)
 
 
 def spread(s):

@@ -181,10 +181,42 @@ def test_dbs_rounds_of_fixed_sizes_are_synchronous_sgd(servers, order):
         assert s.steps == 2 * 3
 
 
-def test_hogwild_one_rank_per_node_ends_each_epoch_on_the_average():
+def local_sgd(epochs, batches, workers, period=0, lr=0.1):
+    """Hogwild with one rank per node, written out: each node runs plain SGD on its own
+    batches; the nodes' parameters are averaged after every ``period``-th step (counted
+    over the run) and at each epoch's end."""
+    layers.manual_seed(0)
+    models = [layers.mlp(FEATURES, (10,), CLASSES).to(np.float64) for _ in workers]
+    for m in models[1:]:
+        m.flat_parameters().data[...] = models[0].flat_parameters().data
+    flats = [m.flat_parameters().data for m in models]
+    optimizers = [SGD(m.parameters(), lr=lr) for m in models]
+
+    def average():
+        mean = sum(flats) / len(flats)
+        for f in flats:
+            f[...] = mean
+
+    steps = 0
+    for epoch in range(epochs):
+        for k in range(batches):
+            for m, opt, w in zip(models, optimizers, workers):
+                gradient(m, *batch(epoch, w, k, BASE))
+                opt.step()
+            steps += 1
+            if period and steps % period == 0:
+                average()
+        average()
+    return flats[0].copy()
+
+
+@pytest.mark.parametrize("period", [0, 2])
+def test_hogwild_one_rank_per_node_is_local_sgd_averaged_on_schedule(period):
     topo = topology(world.size, 0, 1)
-    got, _, s = drive("hogwild", topo, epochs=2, batches=3)
+    got, _, s = drive("hogwild", topo, epochs=2, batches=3, period=period)
     gathered = world.allgather(got)
     assert all(np.array_equal(g, gathered[0]) for g in gathered)
+    np.testing.assert_allclose(got, local_sgd(2, 3, range(world.size), period), rtol=0,
+                               atol=1e-13)
     if world.size == 1:
         np.testing.assert_allclose(got, sequential(2, 3, [0]), rtol=0, atol=1e-13)
