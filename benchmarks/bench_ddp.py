@@ -96,8 +96,14 @@ def main() -> None:
     parser.add_argument("--allreduce", default="hierarchical", choices=ALLREDUCE_ALGORITHMS)
     args = parser.parse_args()
     world = MPI.COMM_WORLD
-    import torch
-    import torch.distributed as dist
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        if world.rank == 0:
+            print("bench_ddp.py compares with PyTorch DDP: install PyTorch first (make torch, "
+                  "the CPU build)", file=sys.stderr)
+        sys.exit(2)
 
     torch.set_num_threads(1)
     store = world.bcast(tempfile.mkstemp(prefix="bench_ddp_")[1] if world.rank == 0 else None)
