@@ -45,7 +45,9 @@ def compare(args: argparse.Namespace, out: str) -> list:
     command = [sys.executable, "-m", "minidp", "compare", "--strategies", args.strategies,
                "--ranks", str(args.ranks), "--out", out, "--timeout", str(args.timeout),
                "--", *flags]
-    subprocess.run(command, cwd=ROOT, check=False)
+    done = subprocess.run(command, cwd=ROOT, check=False)
+    if not os.path.isdir(out):  # compare refused its arguments: it said why, above
+        sys.exit(f"bench_strategies.py: minidp compare ran nothing (exit {done.returncode})")
     runs = [load_run(os.path.join(out, d)) for d in sorted(os.listdir(out))
             if os.path.exists(os.path.join(out, d, "summary.json"))]
     label_runs(runs)
