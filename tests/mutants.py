@@ -28,6 +28,8 @@ import tempfile
 import time
 import tomllib
 
+from spmd import ShmWatch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIST = os.path.join(ROOT, "tests", "mutants.toml")
 SCRATCH = os.path.join(tempfile.gettempdir(), "minidp-mutants")
@@ -108,12 +110,15 @@ def passes(test: str) -> tuple[bool, float]:
     started = time.perf_counter()
     proc = subprocess.Popen(command(test), cwd=SCRATCH, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
+    watch = ShmWatch(proc.pid)  # a mutant that aborts the job leaves MPICH's files behind
     try:
         status = proc.wait(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        watch.sample()
         os.killpg(proc.pid, 9)
         proc.wait()
         status = -9
+    watch.remove()
     return status == 0, time.perf_counter() - started
 
 

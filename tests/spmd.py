@@ -4,8 +4,9 @@ Every launch runs in its own process group (``start_new_session``) under
 ``python -m mpi4py`` (an exception on one rank aborts the job), with
 ``MPIEXEC_TIMEOUT`` (MPICH's own watchdog) and a subprocess timeout a little longer
 that kills the whole group if even the watchdog fails. Shared-memory files that a
-killed job leaves in /dev/shm are removed, but only those this launch created and no live
-process uses (another job may run beside it).
+killed or aborted job leaves in /dev/shm are removed: those its own processes were seen
+mapping (:class:`ShmWatch`), then any new one that no live process uses (another job may
+run beside it).
 
 MPICH's launcher does not always report its own watchdog in its exit status: under load,
 Hydra has been seen to print ``APPLICATION TIMED OUT`` and exit 0. A launch whose
@@ -22,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from minidp.reporting.launcher import mpiexec
@@ -55,7 +57,7 @@ class Launch:
     output: str
     seconds: float
     killed: bool
-    shm: frozenset[str] = frozenset()  # a killed job's files, seen mapped before the kill
+    shm: frozenset[str] = frozenset()  # the job's shared-memory files (ShmWatch)
 
 
 def shm_files() -> set[str]:
@@ -94,6 +96,42 @@ def _in_use(pids: set[str] | None = None) -> set[str]:
         except OSError:  # the process ended meanwhile, or is not ours to read
             continue
     return {path for path in used if path.startswith("/dev/shm/")}
+
+
+class ShmWatch:
+    """The shared-memory files that the processes below ``root`` map, sampled while they run.
+
+    What a job maps is its own, whatever other jobs do meanwhile; once the job has ended,
+    what is still there of it is a leftover (MPICH removes its files on a clean exit, not
+    when a rank is killed or the job aborts).
+    """
+
+    def __init__(self, root: int, every_s: float = 0.2) -> None:
+        self.root, self.every_s, self.seen = root, every_s, set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        self.seen |= _in_use(_descendants(self.root)) & shm_files()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every_s):
+            self.sample()
+
+    def stop(self) -> set[str]:
+        """Stop sampling; the files seen."""
+        self._done.set()
+        self._thread.join()
+        return self.seen
+
+    def remove(self) -> None:
+        """Remove what the ended job left of its files."""
+        for leftover in self.stop():
+            try:
+                os.remove(leftover)
+            except FileNotFoundError:
+                pass
 
 
 def shm_leftovers(before: set[str]) -> set[str]:
@@ -137,23 +175,21 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    killed, job_shm = False, set()
+    watch = ShmWatch(proc.pid)
+    killed = False
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         killed = True
-        job_shm = _in_use(_descendants(proc.pid)) & shm_files()
+        watch.sample()
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
     seconds = time.monotonic() - start
     returncode = proc.returncode
     if not killed and returncode == 0 and WATCHDOG_FIRED in output:
         returncode = 124
+    watch.remove()
     if killed or returncode:
         remove_shm_leftovers(shm_before)
-    for leftover in job_shm:  # this job's own, whatever other jobs' files look like
-        try:
-            os.remove(leftover)
-        except FileNotFoundError:
-            pass
-    return Launch(None if killed else returncode, output, seconds, killed, frozenset(job_shm))
+    return Launch(None if killed else returncode, output, seconds, killed,
+                  frozenset(watch.seen))
