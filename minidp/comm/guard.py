@@ -328,7 +328,7 @@ def _poll_until(done: Callable[[], bool], seconds: float) -> bool:
 
 
 def poll_peers(test: Callable[[], bool], comm: MPI.Comm, peers: list[int],
-                operation: str) -> None:
+               operation: str) -> None:
     """Call ``test`` until it is true, on the status board as ``operation``, or time out.
 
     An MPI error on the way (a killed peer: MPICH cannot read its memory) is PeerLost
