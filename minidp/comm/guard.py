@@ -246,11 +246,7 @@ def _hand_over(details: list[str]) -> None:
 
 
 def bcast_object(comm: MPI.Comm, obj: Any, root: int, operation: str) -> Any:
-    """Root's ``obj`` on every rank of ``comm`` (pickled), by two timed ``Ibcast``.
-
-    For small objects (decisions, error messages, sizes): never for arrays. The root
-    gets its own object back, the others an unpickled copy.
-    """
+    """Root's small ``obj`` (decisions, messages; never arrays) on every rank, pickled."""
     if comm.Get_size() == 1:
         return obj
     mine = comm.Get_rank() == root
@@ -274,15 +270,12 @@ def allgather_object(comm: MPI.Comm, obj: Any, operation: str) -> list[Any]:
 
 
 def roll_call(comm: MPI.Comm, operation: str) -> None:
-    """A barrier that names the ranks that never arrive, without the status board.
+    """A barrier that names the ranks that never arrive, before the status board exists.
 
-    Before the board exists (the first world Topology builds it, after this call) a
-    timed barrier could only say that someone is missing. Here every rank sends rank 0
-    one byte; rank 0 waits for all of them (or the timeout) and answers every rank that
-    came with the list of who did. Rank 0 then names the missing ranks, and so does
-    every rank that came; if rank 0 is the missing one, the others name it after the
-    timeout and a grace (up to 2 s more, so that rank 0, when present, speaks first).
-    Point-to-point on ``comm`` with a tag of its own: 2(size - 1) messages.
+    Every rank sends rank 0 one byte; rank 0 waits for all (or the timeout) and answers
+    those that came with the list of who did; each names the missing ranks. Without
+    rank 0, the others name it after the timeout and ``HAND_OVER_S`` more (rank 0, when
+    there, speaks first). Point-to-point, a tag of its own: 2(size - 1) messages.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
@@ -302,7 +295,7 @@ def roll_call(comm: MPI.Comm, operation: str) -> None:
     else:
         answer = comm.Irecv([came, MPI.BYTE], 0, _ROLL_CALL_TAG)
         hello = comm.Isend([np.ones(1, np.uint8), MPI.BYTE], 0, _ROLL_CALL_TAG)
-        grace = min(timeout, 2.0)
+        grace = min(timeout, HAND_OVER_S)
         if _poll_until(answer.Test, timeout + grace):
             hello.Wait()  # local: rank 0 answers only the ranks whose byte it received
         else:
@@ -361,6 +354,11 @@ def withdraw(request: MPI.Request, status: MPI.Status | None = None) -> bool:
 
 
 Request = MPI.Request  # for type hints outside comm, which never imports mpi4py
+
+
+def start_max(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> MPI.Request:
+    """Start the elementwise maximum of ``send`` over the ranks into ``recv`` (:func:`wait`)."""
+    return comm.Iallreduce(send, recv, op=MPI.MAX)
 
 
 def check_same(comm: MPI.Comm, operation: str, buffer: Any = None) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from mpi4py import MPI
 
 from minidp.comm import Communicator, guard
 from minidp.run.signals import CATCHER
@@ -122,7 +121,8 @@ class StopSignal:
             Stopped: on every rank, when a rank got a signal during start-up.
         """
         self.sending[0] = self.raised
-        guard.wait(self._start_max(), self.comm, "stop signal before training")
+        guard.wait(guard.start_max(self.comm, self.sending, self.agreed), self.comm,
+                   "stop signal before training")
         if not self.agreed[0]:
             return
         last = resumable()
@@ -141,12 +141,8 @@ class StopSignal:
                 self.pending = None
                 return True
         self.sending[0] = self.raised
-        self.pending = self._start_max()
+        self.pending = guard.start_max(self.comm, self.sending, self.agreed)
         return False
-
-    def _start_max(self) -> MPI.Request:
-        """Start the maximum over the ranks of their flags (``guard.wait`` completes it)."""
-        return self.comm.Iallreduce(self.sending, self.agreed, op=MPI.MAX)
 
     def settle(self) -> None:
         """Finish the agreement in flight (at an epoch's end; before the job ends)."""
