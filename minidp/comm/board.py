@@ -66,7 +66,12 @@ class StatusBoard:
         return self.absent(self.members(comm), label, count)
 
     def absent(self, members: list[int], label: str, count: int) -> list[str]:
-        """Descriptions of the world ranks ``members`` not waiting in this same call."""
+        """Descriptions of the world ranks ``members`` not in this call nor past it.
+
+        A rank waiting in a later call of the same label, or done with this one, has come:
+        a collective can complete on one rank before another (it may have a stopped
+        rank's part by way of a third), and naming that rank would hide the culprit.
+        """
         now, lines = time.time(), []
         for world_rank in members:
             slot = self.slots.get(world_rank)
@@ -75,7 +80,7 @@ class StatusBoard:
                 continue
             rec = self.records[slot]
             there, halted = rec["label"].decode(), stopped(int(rec["pid"]))
-            if rec["waiting"] and there == label and rec["count"] == count and not halted:
+            if there == label and rec["count"] >= count and not halted:
                 continue
             state = "waiting in" if rec["waiting"] else "last in"
             # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.

@@ -124,6 +124,33 @@ def board():
 
 
 @needs_peer
+def test_a_rank_past_the_call_is_not_named_as_missing(board):
+    # A collective can complete on one rank and not on another (rank 0 may have what it
+    # needs from a stopped rank by way of a third one): the waiting rank must not name the
+    # one that went on as "never arrived", or the culprit's name is lost among them.
+    status, label = guard._board["board"], "past the call test"
+    others = list(range(1, world.size))
+    for count, waiting, named in [(2, True, False), (1, False, False), (0, False, True),
+                                  (1, True, False)]:
+        world.Barrier()
+        if world.rank == 1:
+            status.enter(label, count)
+            if not waiting:
+                status.leave()
+        world.Barrier()
+        if world.rank == 0:
+            lines = status.absent(others, label, 1)
+            mentioned = any(line.startswith("rank 1:") for line in lines)
+            assert mentioned == named, (count, waiting, lines)
+            assert all(line.startswith("rank 1:") or "never arrived" in line
+                       for line in lines)
+        world.Barrier()
+        if world.rank == 1:
+            status.leave()
+    world.Barrier()
+
+
+@needs_peer
 @pytest.mark.parametrize("absent", [0, -1], ids=["rank 0", "last rank"])
 def test_the_roll_call_names_a_rank_that_never_comes(absent):
     absent %= world.size
