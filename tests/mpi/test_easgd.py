@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 from mpi4py import MPI
-from spmd import environment_outside_mpi, mpiexec
+from spmd import ShmWatch, environment_outside_mpi, mpiexec
 from strategy_runs import CLASSES, FEATURES, build
 from strategy_runs import sub_topology as topology
 
@@ -458,12 +458,15 @@ def test_a_killed_worker_ends_the_job(tmp_path):
     proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py",
                              str(script)], cwd=root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    watch = ShmWatch(proc.pid)  # the killed rank's job leaves MPICH's files behind
     try:
         output, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         pytest.fail(f"the job outlived its killed worker:\n{output[-3000:]}")
+    finally:
+        watch.remove()
     assert proc.returncode != 0, output
     assert "CommTimeout" not in output, output  # ended by the kill, not a timeout
     assert re.search(r"signal 9|KILLED", output, re.IGNORECASE), output
