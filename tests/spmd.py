@@ -152,6 +152,29 @@ def remove_shm_leftovers(before: set[str]) -> None:
             pass
 
 
+def start_job(cmd: list[str], cwd: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start ``cmd`` in a process group of its own, output piped, its MPICH files watched."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc.shm_watch = ShmWatch(proc.pid)
+    return proc
+
+
+def finish_job(proc: subprocess.Popen, timeout: float) -> tuple[str, bool]:
+    """A :func:`start_job` job's output, and whether it ran past ``timeout`` and had its
+    process group killed; the MPICH files it left are removed."""
+    killed = False
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        killed = True
+        proc.shm_watch.sample()
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    proc.shm_watch.remove()
+    return output, killed
+
+
 def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
              env: dict | None = None, mpiexec_timeout: float | None = None,
              under_mpi4py: bool = True) -> Launch:
@@ -173,23 +196,13 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, *runner, *args]
     shm_before = shm_files()
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    watch = ShmWatch(proc.pid)
-    killed = False
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        killed = True
-        watch.sample()
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
+    proc = start_job(cmd, ROOT, full_env)
+    output, killed = finish_job(proc, timeout)
     seconds = time.monotonic() - start
     returncode = proc.returncode
     if not killed and returncode == 0 and WATCHDOG_FIRED in output:
         returncode = 124
-    watch.remove()
     if killed or returncode:
         remove_shm_leftovers(shm_before)
     return Launch(None if killed else returncode, output, seconds, killed,
-                  frozenset(watch.seen))
+                  frozenset(proc.shm_watch.seen))

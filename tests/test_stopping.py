@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 import pytest
-from spmd import ROOT, ShmWatch, environment_outside_mpi
+import spmd
+from spmd import ROOT, environment_outside_mpi
 from test_train_cli import QUICK, train
 
 from minidp.reporting.launcher import mpiexec
@@ -206,22 +207,13 @@ def catches(pid, signum):
 
 def start_job(command, tmp_path):
     env = environment_outside_mpi(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", MPIEXEC_TIMEOUT="100")
-    job = subprocess.Popen([mpiexec(), "-n", "2", *command], cwd=str(tmp_path), env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
-    job.shm_watch = ShmWatch(job.pid)  # a job stopped before MPI is up leaves files behind
-    return job
+    return spmd.start_job([mpiexec(), "-n", "2", *command], str(tmp_path), env)
 
 
 def finish_job(job):
-    try:
-        output, _ = job.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        output, _ = job.communicate()
+    output, killed = spmd.finish_job(job, 120)
+    if killed:
         pytest.fail(f"the job did not end:\n{output[-4000:]}")
-    finally:
-        job.shm_watch.remove()
     return output
 
 

@@ -2,14 +2,12 @@
 
 import os
 import re
-import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from mpi4py import MPI
-from spmd import ShmWatch, environment_outside_mpi, mpiexec
+from spmd import environment_outside_mpi, finish_job, mpiexec, start_job
 from strategy_runs import CLASSES, FEATURES, build
 from strategy_runs import sub_topology as topology
 
@@ -455,18 +453,11 @@ def test_a_killed_worker_ends_the_job(tmp_path):
     root = os.path.dirname(os.path.dirname(here))
     env = environment_outside_mpi(PYTHONPATH=os.pathsep.join([root, here]),
                                   MPIEXEC_TIMEOUT="100", MINIDP_COMM_TIMEOUT="90")
-    proc = subprocess.Popen([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py",
-                             str(script)], cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    watch = ShmWatch(proc.pid)  # the killed rank's job leaves MPICH's files behind
-    try:
-        output, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
+    proc = start_job([mpiexec(), "-n", "3", sys.executable, "-m", "mpi4py", str(script)],
+                     root, env)
+    output, killed = finish_job(proc, 120)
+    if killed:
         pytest.fail(f"the job outlived its killed worker:\n{output[-3000:]}")
-    finally:
-        watch.remove()
     assert proc.returncode != 0, output
     assert "CommTimeout" not in output, output  # ended by the kill, not a timeout
     assert re.search(r"signal 9|KILLED", output, re.IGNORECASE), output
