@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -103,7 +104,9 @@ def load_run(path: str) -> Run:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    epochs.append(json.loads(line))
+                    # a diverged epoch's losses are null (strict JSON): NaN to format and plot
+                    epochs.append({k: math.nan if v is None else v
+                                   for k, v in json.loads(line).items()})
                 except json.JSONDecodeError as error:
                     raise ValueError(f"report: {metrics_path}, line {number}: not valid "
                                      f"JSON ({error})") from None

@@ -4,8 +4,8 @@ Written into ``--out`` (docs/design.md, "A run's files"), every file atomically 
 unique to the writing process, fsync, rename), so a crash never leaves half a file:
 
 * ``metrics.jsonl``: one JSON object per epoch, flushed and fsynced as it is written;
-* ``model.npz`` and ``summary.json``: written before any trace is gathered, so a large
-  trace can never cost the result;
+* ``model.npz`` and ``summary.json``: written before the event log (``events.json``,
+  for ``minidp replay``) and any trace are gathered, so neither can cost the result;
 * ``trace.json``: every rank writes its own part, then rank 0 merges the parts one at
   a time (no process holds every rank's events at once).
 

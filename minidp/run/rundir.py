@@ -57,7 +57,8 @@ from minidp.io.atomic import atomic_write
 from minidp.run import checkpoint
 from minidp.run.errors import UsageError
 
-RUN_FILES = ("run.json", "metrics.jsonl", "summary.json", "model.npz", "checkpoints")
+RUN_FILES = ("run.json", "metrics.jsonl", "summary.json", "model.npz", "events.json",
+             "checkpoints")
 TRACE_FILES = ("trace.json", "trace-parts")
 LATEST = "latest"
 MARKER = "minidp_run"  # run.json's key: the claim (pid, host, time) that makes it minidp's

@@ -341,11 +341,12 @@ class Trainer:
 
     def _finish(self) -> dict[str, Any]:
         state = self.consensus_state()
-        self.strategy.write_events(self.files.path("events.json"))  # for minidp replay
         counters = np.array([self.record.totals.get(k, 0) for k in COUNTERS], np.float64)
         totals = self._world_sum(counters)
         summary = self._summary(dict(zip(COUNTERS, totals.astype(int).tolist())))
         self.files.write_results(state, summary)
+        # for minidp replay; after the results, which a failed write must never cost
+        self.files.agreed(self.strategy.write_events, self.files.path("events.json"))
         self.files.write_trace(self.tracer.events)
         return summary
 

@@ -61,10 +61,11 @@ class EventLog:
 
 
 def write_events(path: str, strategy: str, topology: Topology, log: EventLog) -> None:
-    """Collective over the world: every rank's rows to rank 0, which writes ``path``.
+    """Collective over the world: every rank's rows gathered; rank 0 writes ``path``.
 
-    The file (JSON, written atomically) names the strategy and the roles, then holds
-    each rank's role, columns and rows, in rank order.
+    The guard's timed gather is an allgather, so every rank receives the rows. The file
+    (JSON, written atomically) names the strategy and the roles, then holds each rank's
+    role, columns and rows, in rank order.
     """
     mine: dict[str, Any] = {"rank": topology.rank, "role": topology.role,
                             "columns": list(log.columns), "rows": log.rows}

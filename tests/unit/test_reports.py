@@ -179,6 +179,19 @@ def test_report_writes_the_table_the_plots_and_every_epoch(tmp_path):
     assert text.count("| 2 | 0.5000 | 0.7500 |") == 2  # every run's epoch 2 row
 
 
+def test_a_diverged_epoch_with_null_losses_is_reported_as_nan(tmp_path):
+    run = make_run(tmp_path / "a", "sync", [0.5, 0.1])
+    metrics = os.path.join(run, "metrics.jsonl")
+    epochs = [json.loads(line) for line in open(metrics)]
+    epochs[-1].update(train_loss=None, test_loss=None)  # as strict JSON writes NaN
+    with open(metrics, "w") as f:
+        f.writelines(json.dumps(m) + "\n" for m in epochs)
+    out = tmp_path / "report"
+    assert report.run(args_for([run], out)) == 0
+    assert "| 2 | nan | nan | 10.00% |" in (out / "report.md").read_text()
+    assert (out / "loss.png").exists()
+
+
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path):
     with pytest.raises(ValueError, match="RUN_DIR: .* has no run.json and metrics.jsonl"):
         load_run(str(tmp_path))
