@@ -49,17 +49,21 @@ class StatusBoard:
 
     def enter(self, label: str, count: int) -> None:
         """This rank now waits in call ``count`` of ``label``."""
-        self.mine["count"], self.mine["label"] = count, label.encode()[:96]
+        self.mine["count"], self.mine["label"] = count, _stored(label)
         self.mine["since"], self.mine["waiting"] = time.time(), 1
 
     def leave(self) -> None:
         """This rank waits no more (its last label stays, as "last in")."""
         self.mine["waiting"], self.mine["since"] = 0, time.time()
 
-    def members(self, comm: MPI.Comm) -> list[int]:
-        """The world ranks of ``comm``'s ranks."""
-        return MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())),
-                                         self.world.Get_group())
+    def members(self, comm: MPI.Comm, ranks: list[int] | None = None) -> list[int]:
+        """The world ranks of ``comm``'s ``ranks`` (default: all of them)."""
+        group, board_group = comm.Get_group(), self.world.Get_group()
+        members = MPI.Group.Translate_ranks(
+            group, list(range(comm.Get_size())) if ranks is None else list(ranks), board_group)
+        group.Free()
+        board_group.Free()
+        return members
 
     def missing(self, comm: MPI.Comm, label: str, count: int) -> list[str]:
         """Descriptions of the ranks of comm not waiting in this same call."""
@@ -79,8 +83,8 @@ class StatusBoard:
                 lines.append(f"rank {world_rank}: {NOT_VISIBLE}")
                 continue
             rec = self.records[slot]
-            there, halted = rec["label"].decode(), stopped(int(rec["pid"]))
-            if there == label and rec["count"] >= count and not halted:
+            there, halted = rec["label"].decode(errors="replace"), stopped(int(rec["pid"]))
+            if rec["label"] == _stored(label) and rec["count"] >= count and not halted:
                 continue
             state = "waiting in" if rec["waiting"] else "last in"
             # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.
@@ -91,12 +95,8 @@ class StatusBoard:
 
     def peer_states(self, comm: MPI.Comm, peers: list[int]) -> list[str]:
         """What each of ``peers`` (ranks of ``comm``) is waiting in, or was last in."""
-        group, board_group = comm.Get_group(), self.world.Get_group()
-        members = MPI.Group.Translate_ranks(group, list(peers), board_group)
-        group.Free()
-        board_group.Free()
         now, lines = time.time(), []
-        for peer, world_rank in zip(peers, members):
+        for peer, world_rank in zip(peers, self.members(comm, peers)):
             slot = self.slots.get(world_rank)
             if slot is None:
                 lines.append(f"rank {peer}: {NOT_VISIBLE}")
@@ -107,6 +107,11 @@ class StatusBoard:
             lines.append(f"rank {peer}: {state} {label!r} #{rec['count']}, "
                          f"{max(0.0, now - rec['since']):.1f} s ago")
         return lines
+
+
+def _stored(label: str) -> bytes:
+    """``label`` as a record holds it: UTF-8, cut to the record's field."""
+    return label.encode()[:RECORD["label"].itemsize]
 
 
 def stopped(pid: int) -> bool:

@@ -124,11 +124,14 @@ def board():
 
 
 @needs_peer
-def test_a_rank_past_the_call_is_not_named_as_missing(board):
+@pytest.mark.parametrize("label", ["past the call test", "é" * 47 + " longer than a record"],
+                         ids=["short", "cut mid-character"])
+def test_a_rank_past_the_call_is_not_named_as_missing(board, label):
     # A collective can complete on one rank and not on another (rank 0 may have what it
     # needs from a stopped rank by way of a third one): the waiting rank must not name the
-    # one that went on as "never arrived", or the culprit's name is lost among them.
-    status, label = guard._board["board"], "past the call test"
+    # one that went on as "never arrived", or the culprit's name is lost among them. A
+    # label longer than the record's 96 bytes is compared as the record holds it.
+    status = guard._board["board"]
     others = list(range(1, world.size))
     for count, waiting, named in [(2, True, False), (1, False, False), (0, False, True),
                                   (1, True, False)]:
