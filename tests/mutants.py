@@ -28,7 +28,7 @@ import tempfile
 import time
 import tomllib
 
-from spmd import ShmWatch
+from spmd import finish_job, mpiexec, start_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIST = os.path.join(ROOT, "tests", "mutants.toml")
@@ -36,7 +36,6 @@ SCRATCH = os.path.join(tempfile.gettempdir(), "minidp-mutants")
 TIMEOUT_S = 300
 COMM_TIMEOUT_S = 30
 PYTHON = sys.executable
-MPIEXEC = os.path.join(os.path.dirname(PYTHON), "mpiexec")
 
 
 @dataclasses.dataclass
@@ -97,7 +96,7 @@ def command(test: str) -> list[str]:
     pytest = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
     if test.startswith("mpi"):
         ranks, _, node = test[3:].partition(":")
-        return [MPIEXEC, "-n", ranks, PYTHON, "-m", "mpi4py", *pytest, node]
+        return [mpiexec(), "-n", ranks, PYTHON, "-m", "mpi4py", *pytest, node]
     return [PYTHON, *pytest, test]
 
 
@@ -108,18 +107,9 @@ def passes(test: str) -> tuple[bool, float]:
                MINIDP_COMM_TIMEOUT=str(COMM_TIMEOUT_S),
                PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", MINIDP_SPMD="1", PYTHONUNBUFFERED="1")
     started = time.perf_counter()
-    proc = subprocess.Popen(command(test), cwd=SCRATCH, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    watch = ShmWatch(proc.pid)  # a mutant that aborts the job leaves MPICH's files behind
-    try:
-        status = proc.wait(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        watch.sample()
-        os.killpg(proc.pid, 9)
-        proc.wait()
-        status = -9
-    watch.remove()
-    return status == 0, time.perf_counter() - started
+    proc = start_job(command(test), SCRATCH, env)
+    _, killed = finish_job(proc, TIMEOUT_S)
+    return not killed and proc.returncode == 0, time.perf_counter() - started
 
 
 def catches(m: Mutant) -> tuple[str | None, float]:

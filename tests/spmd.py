@@ -17,6 +17,7 @@ could pass.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
@@ -127,11 +128,7 @@ class ShmWatch:
 
     def remove(self) -> None:
         """Remove what the ended job left of its files."""
-        for leftover in self.stop():
-            try:
-                os.remove(leftover)
-            except FileNotFoundError:
-                pass
+        _remove(self.stop())
 
 
 def shm_leftovers(before: set[str]) -> set[str]:
@@ -145,24 +142,33 @@ def shm_leftovers(before: set[str]) -> set[str]:
 
 def remove_shm_leftovers(before: set[str]) -> None:
     """Remove :func:`shm_leftovers` (another process may have removed one already)."""
-    for leftover in shm_leftovers(before):
-        try:
-            os.remove(leftover)
-        except OSError:
-            pass
+    _remove(shm_leftovers(before))
+
+
+def _remove(paths: set[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):  # gone already: its job's other rank, or MPICH
+            os.remove(path)
+
+
+def job_status(returncode: int, output: str) -> int:
+    """mpiexec's exit status, 124 where its watchdog fired but it still exited 0."""
+    return 124 if returncode == 0 and WATCHDOG_FIRED in output else returncode
 
 
 def start_job(cmd: list[str], cwd: str, env: dict[str, str]) -> subprocess.Popen:
     """Start ``cmd`` in a process group of its own, output piped, its MPICH files watched."""
+    shm_before = shm_files()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    proc.shm_watch = ShmWatch(proc.pid)
+    proc.shm_watch, proc.shm_before = ShmWatch(proc.pid), shm_before
     return proc
 
 
 def finish_job(proc: subprocess.Popen, timeout: float) -> tuple[str, bool]:
     """A :func:`start_job` job's output, and whether it ran past ``timeout`` and had its
-    process group killed; the MPICH files it left are removed."""
+    process group killed; the MPICH files it left are removed (those it was seen using,
+    then, after a failure, any new one no live process uses)."""
     killed = False
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -172,6 +178,8 @@ def finish_job(proc: subprocess.Popen, timeout: float) -> tuple[str, bool]:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
     proc.shm_watch.remove()
+    if killed or proc.returncode or WATCHDOG_FIRED in output:
+        remove_shm_leftovers(proc.shm_before)
     return output, killed
 
 
@@ -194,15 +202,10 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
     full_env.update(env or {})
     runner = ["-m", "mpi4py"] if under_mpi4py else []
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, *runner, *args]
-    shm_before = shm_files()
     start = time.monotonic()
     proc = start_job(cmd, ROOT, full_env)
     output, killed = finish_job(proc, timeout)
     seconds = time.monotonic() - start
-    returncode = proc.returncode
-    if not killed and returncode == 0 and WATCHDOG_FIRED in output:
-        returncode = 124
-    if killed or returncode:
-        remove_shm_leftovers(shm_before)
-    return Launch(None if killed else returncode, output, seconds, killed,
+    return Launch(None if killed else job_status(proc.returncode, output), output, seconds,
+                  killed,
                   frozenset(proc.shm_watch.seen))

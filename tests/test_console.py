@@ -14,7 +14,7 @@ import time
 import types
 
 import pytest
-from spmd import ROOT, mpiexec, remove_shm_leftovers, shm_files
+from spmd import ROOT, ShmWatch, mpiexec, remove_shm_leftovers, shm_files
 
 from minidp.run import console
 from minidp.run.console import Progress, explain_steps, progress_mode
@@ -28,14 +28,15 @@ def in_terminal(command, env, timeout=150):
     """Run ``command`` with a pseudo-terminal as stdin, stdout and stderr: (status, output).
 
     The terminal has 24 rows of 80 columns (a new pty has 0 x 0, where a bar has no
-    room). The process group is killed after ``timeout`` seconds (then the MPICH
-    shared-memory files it created are removed).
+    room). The process group is killed after ``timeout`` seconds; the MPICH
+    shared-memory files a failed or killed job left are removed.
     """
     shm_before = shm_files()
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=terminal, stdout=terminal,
                             stderr=terminal, start_new_session=True)
+    watch = ShmWatch(proc.pid)
     os.close(terminal)
     chunks, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -50,10 +51,14 @@ def in_terminal(command, env, timeout=150):
         elif proc.poll() is not None:
             break
     else:
+        watch.sample()
         os.killpg(proc.pid, signal.SIGKILL)
-        remove_shm_leftovers(shm_before)
     os.close(controller)
-    return proc.wait(), b"".join(chunks).decode(errors="replace")
+    status = proc.wait()
+    watch.remove()
+    if status:
+        remove_shm_leftovers(shm_before)
+    return status, b"".join(chunks).decode(errors="replace")
 
 
 def train_command(data_dir, out, *flags, ranks=4):

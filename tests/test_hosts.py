@@ -27,7 +27,7 @@ import pytest
 from hosts import Hosts, available
 from hosts_cli import host_cpus
 from hosts_names import cleanup_stale
-from spmd import ROOT, Launch
+from spmd import ROOT, Launch, job_status
 
 from minidp.reporting.launcher import mpiexec
 from minidp.simulate.command import add_arguments
@@ -97,7 +97,8 @@ def launch(args, hosts=None, timeout=150, on_out=None):
         proc.wait()
         killed = True
     reader.join(10)
-    return Launch(None if killed else proc.returncode, "".join(lines),
+    output = "".join(lines)
+    return Launch(None if killed else job_status(proc.returncode, output), output,
                   time.monotonic() - start, killed)
 
 

@@ -29,8 +29,6 @@ def data_dir(tmp_path_factory):
 def train(args, nprocs, data_dir, timeout=180, env=None):
     if "--batch-size" not in args and "--global-batch-size" not in args:
         args = args + ["--batch-size", "16"]
-    if "--data-dir" in args:  # the test's own data directory: last flag wins
-        data_dir = args[args.index("--data-dir") + 1]
     return run_spmd(QUICK + ["--data-dir", data_dir] + args, nprocs, timeout=timeout, env=env)
 
 
