@@ -9,7 +9,6 @@ peer) is :class:`~minidp.comm.guard.PeerLost`, naming the peers.
 
 from __future__ import annotations
 
-import numpy as np
 from mpi4py import MPI
 
 from minidp.comm.guard import poll_peers
@@ -19,8 +18,9 @@ def wait_peer(request: MPI.Request, comm: MPI.Comm, peers: list[int], operation:
               status: MPI.Status | None = None) -> None:
     """Complete a point-to-point request, or raise CommTimeout naming the silent peers.
 
-    Unlike :func:`wait`, the ranks named on a timeout are only ``peers`` (those that
-    could complete the request), each with what the status board says it is doing.
+    Unlike :func:`~minidp.comm.guard.wait`, the ranks named on a timeout are only
+    ``peers`` (those that could complete the request), each with what the status board
+    says it is doing.
     The request is left as it is on a timeout: cancelling it is the caller's choice.
 
     Args:
@@ -32,19 +32,6 @@ def wait_peer(request: MPI.Request, comm: MPI.Comm, peers: list[int], operation:
         status: filled with the source, tag and size of a completed receive.
     """
     poll_peers(lambda: request.Test(status), comm, peers, operation)
-
-
-def sendrecv(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
-             tag: int, operation: str) -> None:
-    """``comm.Sendrecv`` as ``Irecv`` + ``Isend``, each completed by :func:`wait_peer`.
-
-    A timeout names ``source`` (for the receive) or ``dest`` (for the send) with what the
-    status board says it is doing; the requests are left as they are (the job ends).
-    """
-    receiving = comm.Irecv(recv, source=source, tag=tag)
-    sending = comm.Isend(send, dest=dest, tag=tag)
-    wait_peer(receiving, comm, [source], operation)
-    wait_peer(sending, comm, [dest], operation)
 
 
 def probe_peer(comm: MPI.Comm, source: int, tag: int, peers: list[int],

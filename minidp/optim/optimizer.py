@@ -57,7 +57,8 @@ class Optimizer(abc.ABC):
         """Move the flat state into ``memory`` (a node window's segment), values kept.
 
         DASO keeps every rank's momenta in one node window, so that in a blocking batch
-        each rank can update one slice of all of them (:meth:`SGD.step_rows`).
+        each rank can update one slice of all of them (:meth:`SGD.step_replica`,
+        :meth:`SGD.step_momenta`).
         """
         buffer = memory.array
         if buffer.shape != self.state.shape or buffer.dtype != self.state.dtype:

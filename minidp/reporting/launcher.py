@@ -1,8 +1,8 @@
 """Starting MPI jobs from Python: which ``mpiexec``, and a job that a timeout ends whole.
 
-``compare``, ``simulate --validate``, the benchmarks and the tests start their jobs here,
-each in a process group of its own, so that a timeout kills every rank and leaves no
-orphan holding a core.
+``compare``, ``simulate --validate`` and the benchmarks start their jobs here (the tests
+take :func:`mpiexec` from here and launch through ``tests/spmd.py``), each in a process
+group of its own, so that a timeout kills every rank and leaves no orphan holding a core.
 """
 
 from __future__ import annotations

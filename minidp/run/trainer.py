@@ -130,8 +130,10 @@ class Trainer:
         """Train (resuming if asked), write the outputs; returns the summary (every rank).
 
         Raises:
-            Stopped: on every rank, after a SIGTERM or SIGUSR1 (:mod:`minidp.run.stopping`)
-                made the ranks stop and write a checkpoint.
+            Stopped: on every rank, after a SIGTERM, SIGUSR1 or SIGINT
+                (:mod:`minidp.run.stopping`): during training the ranks stop at a batch
+                boundary and write a checkpoint; before the first batch nothing is written.
+            FloatingPointError: the loss or the parameters stopped being finite (exit 4).
         """
         c, world = self.config, self.topology.world
         self.stop.install()

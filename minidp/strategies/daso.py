@@ -119,7 +119,7 @@ class DASO(Strategy):
         kind = self.config["downcast"]
         self.half = HalfSum(kind) if kind != "none" and t.num_nodes > 1 else None
         self.words = np.empty(n, np.uint16) if self.half else None
-        # Blocking batches over all rails update 1/G of the parameters per rank (_sliced):
+        # Blocking batches over all rails update 1/G of the parameters per rank (_sliced_send):
         # for that, every rank's momenta are rows of one node window.
         self.sliced = self.all_rails and t.num_nodes > 1 and t.local_size > 1 and \
             isinstance(self.optimizer, SGD) and self.optimizer.flat is not None

@@ -127,7 +127,7 @@ class Waiting:
 
 def exchange(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
              tag: int, label: str) -> Iterator[Waiting]:
-    """:func:`peers.sendrecv` as waits to yield: the receive (naming source), then the send."""
+    """A send-receive pair as waits to yield: the receive (naming source), then the send."""
     receiving = comm.Irecv(recv, source=source, tag=tag)
     sending = comm.Isend(send, dest=dest, tag=tag)
     yield Waiting(receiving, comm, label, source)
