@@ -38,9 +38,9 @@ from minidp import functional as F
 from minidp.kernels import ensure_compiled
 from minidp.optim import SGD
 
-CASES = [("mlp", 128, (1, 28, 28), 1.25), ("lenet5", 64, (1, 28, 28), 1.5),
-         ("cifar_cnn", 64, (3, 32, 32), 1.5), ("resnet20", 64, (3, 32, 32), 1.0)]
-GPU_CASES = [("lenet5", 256, (1, 28, 28), 2.0), ("cifar_cnn", 128, (3, 32, 32), 2.0)]
+CASES = [("mlp", 128, (1, 28, 28)), ("lenet5", 64, (1, 28, 28)),
+         ("cifar_cnn", 64, (3, 32, 32)), ("resnet20", 64, (3, 32, 32))]
+GPU_CASES = [("lenet5", 256, (1, 28, 28)), ("cifar_cnn", 128, (3, 32, 32))]
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
 
 
@@ -168,7 +168,7 @@ def main():
     ensure_compiled()  # the measured processes then load the kernels, never compile them
     frameworks = ["minidp"] + (["torch"] if torch is not None else [])
     rows = []
-    for name, batch, shape, _ in (c for c in cases if c[0] in chosen):
+    for name, batch, shape in (c for c in cases if c[0] in chosen):
         steps = [minidp_step(name, batch, shape, device)]
         if torch is not None:
             steps.append(torch_step(torch, name, batch, shape, device))
