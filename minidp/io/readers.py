@@ -13,7 +13,8 @@ Data order is a function of (seed, epoch) only.
   every block once. A block is read with collective reads (``File.Iread_at_all``, the
   non-blocking ``Read_at_all``, completed by a timed wait that names a missing rank) of
   at most ``max_bytes`` each (one read when the block fits), shuffled inside each piece,
-  pieces in a shuffled order. Every rank uses floor(N/R) samples per epoch (the
+  pieces in a shuffled order; without ROMIO's collective buffering
+  (:func:`open_for_blocks`). Every rank uses floor(N/R) samples per epoch (the
   remainder record of larger blocks is dropped), so batch counts are equal.
 * ``leader``: "the node reads once": local rank 0 of each node reads the node's
   contiguous block (rotating over nodes every epoch) with one collective read
@@ -52,6 +53,26 @@ from minidp.io.mdp import (
 
 READERS = ("memory", "mpiio", "leader", "strided")
 VERIFY_PIECE = 16 << 20  # bytes read and summed at a time by verify_checksum
+
+
+def open_for_blocks(comm: MPI.Comm, path: str) -> MPI.File:
+    """Open ``path`` collectively for reads of one contiguous block per rank (timed).
+
+    With the hint ``romio_cb_read=disable``: ROMIO's collective buffering gathers the
+    ranks' requests at aggregator ranks and hands the bytes back out, which pays where
+    requests interleave; here every rank asks for one contiguous range of megabytes, and
+    MPICH's non-blocking ``Iread_at_all`` with buffering took 0.2-0.6 s for a 12 MB
+    block that a read without it takes in 5 ms (4 ranks on one machine,
+    docs/benchmarks.md). The read stays collective; MPI libraries that do not know the
+    hint ignore it.
+    """
+    hints = MPI.Info.Create()
+    hints.Set("romio_cb_read", "disable")
+    try:
+        return guard.collective(comm, "open dataset file", MPI.File.Open, comm, path,
+                                MPI.MODE_RDONLY, hints)
+    finally:
+        hints.Free()
 
 
 def block_range(block: int, blocks: int, count: int) -> tuple[int, int]:
@@ -250,8 +271,7 @@ class MPIIOReader(Reader):
         # Open, the reads and Close are collective: each is timed, naming a rank that
         # never comes. No try/finally: after a failed read the other ranks are not in a
         # Close, and the job ends.
-        fh = guard.collective(self.comm, "open dataset file", MPI.File.Open, self.comm,
-                              self.path, MPI.MODE_RDONLY)
+        fh = open_for_blocks(self.comm, self.path)
         for c in range(calls):
             a = min(start + c * per_piece, stop)
             b = min(a + per_piece, stop)
@@ -319,8 +339,7 @@ class LeaderReader(Reader):
         guard.collective(node, "dataset window fence", self.window.Fence)
         short = None
         if self.topology.is_leader:  # as in MPIIOReader.read_block: every step timed
-            fh = guard.collective(leaders, "open dataset file", MPI.File.Open, leaders,
-                                  self.path, MPI.MODE_RDONLY)
+            fh = open_for_blocks(leaders, self.path)
             guard.wait(fh.Iread_at_all(HEADER_SIZE + start * rs, self.shared[:nbytes]),
                        leaders, "read dataset block")
             short = self.short_read(HEADER_SIZE + start * rs, HEADER_SIZE + stop * rs,

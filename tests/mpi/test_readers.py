@@ -9,7 +9,13 @@ import pytest
 from mpi4py import MPI
 
 from minidp.io import mdp
-from minidp.io.readers import MemoryReader, MPIIOReader, StridedReader, block_range
+from minidp.io.readers import (
+    MemoryReader,
+    MPIIOReader,
+    StridedReader,
+    block_range,
+    open_for_blocks,
+)
 
 comm = MPI.COMM_WORLD
 COUNT = 103  # prime: no world size divides it
@@ -72,6 +78,17 @@ def test_bounded_pieces_read_the_block_in_several_collective_calls(data_file):
     assert reader.read_calls == -(-(-(-COUNT // comm.size)) // 5)  # same count on every rank
     assert len(ids) == COUNT // comm.size and len(set(ids)) == len(ids)
     assert np.all((ids >= start) & (ids < stop))
+
+
+def test_block_reads_open_the_file_without_collective_buffering(data_file):
+    """Each rank reads one contiguous block: ROMIO's aggregators would only add a hop."""
+    fh = open_for_blocks(comm, data_file)
+    try:
+        hints = fh.Get_info()
+        assert hints.Get("romio_cb_read") == "disable"
+        hints.Free()
+    finally:
+        fh.Close()
 
 
 def test_memory_reader_on_n_ranks_equals_one_rank_with_n_times_the_batch(data_file):
