@@ -28,19 +28,20 @@ def node_allreduce(buffer: Buffer, topology: Topology, op: str = "mean") -> np.n
     """Reduce ``buffer`` over the ranks of this node only, through the shared window.
 
     Pattern: every rank's buffer is (or is copied into) its segment; local rank k sums
-    slice k of all segments and copies it back into each; sync. No message leaves the
-    node. Zero-copy when ``buffer`` is a NodeBuffer (:func:`shared_buffer`). Returns
-    the reduced array.
+    slice k of all segments (dividing it by G for a mean) and copies it back into each;
+    sync. No message leaves the node. Zero-copy when ``buffer`` is a NodeBuffer
+    (:func:`shared_buffer`). Returns the reduced array.
     """
     array = check_buffer(buffer, "hierarchical", op, topology.rank)
     guard.check_same(topology.node, f"node allreduce {op}", array)
     with charged("intra", "node_allreduce", 0, node_bytes(array, topology)):
         if topology.local_size > 1 and array.size:
             slices = NodeSlices(buffer, topology)
-            slices.sum_slice(broadcast=True)
+            # A mean divides each block of the sum while it is in cache: the bits of a
+            # division afterwards, without a pass over the whole buffer on every rank.
+            slices.sum_slice(broadcast=True,
+                             divisor=topology.local_size if op == "mean" else 1)
             slices.finish(broadcast=False)
-    if op == "mean" and topology.local_size > 1:
-        array /= topology.local_size
     return array
 
 

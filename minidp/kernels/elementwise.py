@@ -8,6 +8,9 @@
       d = g + wd*w;  buf = m*buf + d;  w -= lr * (d + m*buf if nesterov else buf)
 
   With ``m == 0`` the step is ``w -= lr*d`` and ``buf`` is not touched.
+* ``weighted_merge``: DASO's merge ``x = (w*x + total) / (w + P)`` in one pass where
+  NumPy makes three over the parameters, with NumPy's roundings (each operation in the
+  arrays' dtype, in the same order).
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ def _sgd_update_kernel(w, g, buf, lr, momentum, weight_decay, nesterov):  # prag
         w[i] -= lr * d
 
 
+@numba.njit(cache=True, nogil=True)
+def _weighted_merge_kernel(x, total, weight, divisor):  # pragma: no cover - compiled
+    for i in range(x.size):
+        x[i] = (x[i] * weight + total[i]) / divisor
+
+
 def relu_backward_reference(grad: Any, x: Any) -> Any:
     """``grad * (x > 0)`` in NumPy/CuPy."""
     return grad * (x > 0)
@@ -53,6 +62,13 @@ def sgd_update_reference(w: Any, g: Any, buf: Any, lr: float, momentum: float,
         buf += d
         d = d + momentum * buf if nesterov else buf
     w -= lr * d
+
+
+def weighted_merge_reference(x: Any, total: Any, weight: float, count: int) -> None:
+    """``x <- (weight*x + total) / (weight + count)`` in place, in NumPy/CuPy."""
+    x *= weight
+    x += total
+    x /= weight + count
 
 
 def relu_backward(grad: Any, x: Any) -> Any:
@@ -94,8 +110,26 @@ def sgd_update(w: Any, g: Any, buf: Any, lr: float, momentum: float = 0.0,
                        float(momentum), float(weight_decay), bool(nesterov))
 
 
+def weighted_merge(x: Any, total: Any, weight: float, count: int) -> None:
+    """``x <- (weight*x + total) / (weight + count)`` in place (1-D, same dtype).
+
+    The scalars are cast to the arrays' dtype first, as NumPy does with a Python number
+    (so float32 arrays are computed in float32: the reference's bits).
+    """
+    array_module(x, total)
+    if not (use_kernels(x, total) and x.dtype == total.dtype and x.flags.c_contiguous
+            and total.flags.c_contiguous):
+        weighted_merge_reference(x, total, weight, count)
+        return
+    ensure_compiled()
+    scalar = x.dtype.type
+    _weighted_merge_kernel(x.reshape(-1), total.reshape(-1), scalar(weight),
+                           scalar(weight + count))
+
+
 @register_warmup
 def _warm(dtype: type) -> None:
     a = np.zeros(2, dtype=dtype)
     _relu_backward_kernel(a, a, a.copy())
     _sgd_update_kernel(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False)
+    _weighted_merge_kernel(a, a.copy(), a.dtype.type(2), a.dtype.type(4))

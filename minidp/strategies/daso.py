@@ -27,6 +27,7 @@ from minidp.comm.allreducers import AllreduceRequest, chunk_bounds
 from minidp.comm.levels import node_slice_mean
 from minidp.comm.shared import NodeBuffer
 from minidp.comm.wire import KINDS, HalfSum, decode, encode, round_to
+from minidp.kernels import weighted_merge
 from minidp.optim.schedules import Schedule
 from minidp.optim.sgd import SGD
 from minidp.strategies.base import Option, Strategy
@@ -62,8 +63,8 @@ class DASO(Strategy):
     same parameters and optimizer state (from the start until a batch without node
     sync), each rank sends its own slice and computes the merge and the mean itself;
     afterwards local rank k first publishes x_k in the window (one shared-memory sync),
-    merges on rank k and broadcasts, and the blocking mean is read from the window by
-    every rank, so no broadcast follows it.
+    merges on rank k and broadcasts, and every rank divides the blocking sum from the
+    window into its parameters, so no broadcast follows it.
 
     Ranks wait at node reductions and broadcasts, at blocking sends, and at a merge only
     for what the network has not finished since the send. Every action is recorded in
@@ -275,21 +276,14 @@ class DASO(Strategy):
         words = encode(part, self.half.kind, self.words[:part.size])
         decode(self.half.rail_sum(words, self.topology), self.half.kind, part)
 
-    def _finished_sum(self, rail: int, mean: Send | None = None) -> np.ndarray | None:
-        """Wait for the oldest sync in flight; its whole sum where this rank needs it.
-
-        ``mean`` (a blocking send over all rails): each rank first turns its own slice
-        of the sum into the mean (:meth:`_mean`), so the whole mean is read.
-        """
+    def _finished_sum(self, rail: int) -> np.ndarray | None:
+        """Wait for the oldest sync in flight; its whole sum where this rank needs it."""
         if not self._carries(rail):
             return None
         request, window = self.in_flight.popleft()
         if request is not None:
             request.wait()
         if self.all_rails:
-            if mean is not None:
-                mine = window.whole[0, self.slice]
-                self._mean(mine, mean, out=mine)
             window.sync()  # every rail's slice of the sum is in row 0
         return window.whole[0]
 
@@ -305,10 +299,7 @@ class DASO(Strategy):
         total = self._finished_sum(merge.rail)
         if total is None or not self._owns_result(merge.rail):
             return
-        x = self.flat.data
-        x *= merge.weight
-        x += total
-        x /= merge.weight + self.topology.num_nodes
+        weighted_merge(self.flat.data, total, merge.weight, self.topology.num_nodes)
 
     def _broadcast(self, batch: int, root: int, equal: bool = False) -> None:
         """Heat's node broadcast from ``root``; skipped where the node is ``equal`` already."""
@@ -319,13 +310,14 @@ class DASO(Strategy):
     def _average(self, batch: int, send: Send) -> None:
         """Finish a blocking sync: the nodes' mean on its rail, then in every node.
 
-        With all rails every rank makes 1/G of the mean and reads all of it (the node is
-        then equal: no broadcast), and checks its own 1/G for non-finite values.
+        With all rails every rank reads the whole sum and divides it into its parameters
+        (the division costs what a copy of the mean would; the node is then equal: no
+        broadcast), and checks its own 1/G for non-finite values.
         """
         self._record(batch, "average", rail=send.rail)
         x = self.flat.data
         if self.all_rails:
-            x[...] = self._finished_sum(send.rail, mean=send)
+            self._mean(self._finished_sum(send.rail), send, out=x)
             self._broadcast(batch, send.rail, equal=True)
             if not np.isfinite(x[self.slice]).all():
                 self.check_finite()

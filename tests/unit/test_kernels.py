@@ -236,6 +236,20 @@ def test_sgd_update_matches_reference(dtype, momentum, weight_decay, nesterov):
     np.testing.assert_allclose(buf, buf_ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight", [2.0, 0.37, 6.0])
+def test_weighted_merge_gives_the_bits_of_numpys_three_passes(dtype, weight):
+    """DASO's merge x = (w x + s) / (w + P): the dispatcher (the kernel, with the JIT on)
+    against the equation in NumPy, one operation per pass, in the arrays' dtype."""
+    x, total = rand(1001, dtype, 10) * 3, rand(1001, dtype, 11) * 7
+    expected = x * dtype(weight)
+    expected = expected + total
+    expected = expected / dtype(weight + 4)
+    ew.weighted_merge(x, total, weight, 4)
+    assert x.dtype == dtype
+    np.testing.assert_array_equal(x.view(np.uint8), expected.view(np.uint8))
+
+
 def test_dispatchers_agree_with_references():
     x = rand((2, 3, 9, 9), np.float32, 9)
     np.testing.assert_array_equal(ic.im2col(x, 3, 3, 2, 1, 1),
