@@ -159,6 +159,7 @@ class AllreduceRequest(abc.ABC):
 
     name: ClassVar[str]
     waits_as = "wait"  # the phase of a started form's wait()
+    divided = False  # set by an algorithm that made the mean itself (no pass at the end)
 
     def __init__(self, buffer: Buffer, topology: Topology, started: bool, op: str = "sum",
                  check_finite: bool = False) -> None:
@@ -218,7 +219,7 @@ class AllreduceRequest(abc.ABC):
             raise
         self.finish()
         array = self.array
-        if self.op == "mean" and self.ranks > 1:
+        if self.op == "mean" and self.ranks > 1 and not self.divided:
             array /= self.ranks
         if self.check_finite and not np.all(np.isfinite(array)):
             bad = int(np.flatnonzero(~np.isfinite(array))[0])

@@ -71,10 +71,15 @@ class NodeSlices:
                     row[...] = acc
         return whole[0, mine]
 
-    def finish(self, broadcast: bool) -> None:
-        """Copy the finished slice into every row (unless done already); sync; read back."""
+    def finish(self, broadcast: bool, divisor: int = 1) -> None:
+        """Copy the finished slice into every row (unless done already); sync; read back.
+
+        A ``divisor`` other than 1 divides the slice first (with ``broadcast`` only).
+        """
         if broadcast:
             whole = self.shared.whole
+            if divisor != 1:
+                whole[0, self.mine] /= divisor
             for row in whole[1:, self.mine]:
                 row[...] = whole[0, self.mine]
         self.shared.sync()
@@ -132,6 +137,7 @@ class HierarchicalAllreduce(AllreduceRequest):
         3. rail k (``cross``) allreduces slice k across the nodes: G rails at once
         4. local rank k copies slice k into every other segment (on one node, done
            in step 2 while each block is in cache); sync; each rank has the sum
+           (a mean: slice k is divided before it is copied, or in step 2 on one node)
 
     Steps 1-2 run at the start, step 3 in the background of a started form, step 4 in
     ``wait()`` (a node-wide sync: every rank of the node calls it). Charged per phase:
@@ -143,16 +149,20 @@ class HierarchicalAllreduce(AllreduceRequest):
     slices: NodeSlices  # this rank's part of the node level, from step 1 to step 4
 
     def communicate(self) -> Iterator[Waiting]:
-        """Steps 1-3."""
+        """Steps 1-3 (on one node, a mean divides each block of step 2)."""
         across = self.topology.num_nodes > 1
+        self.divided = self.op == "mean"  # step 2 or 4 divides the slice: one pass less
+        divisor = self.ranks if self.op == "mean" else 1
         with charged("intra", "node_reduce", 0, node_bytes(self.array, self.topology)):
             self.slices = NodeSlices(self.buffer, self.topology)
-            part = self.slices.sum_slice(broadcast=not across)
+            part = self.slices.sum_slice(broadcast=not across,
+                                         divisor=1 if across else divisor)
         if part.size:
             yield from rail_communication(self, part)
 
     def finish(self) -> None:
-        """Step 4."""
+        """Step 4 (a mean divides the slice first)."""
         across = self.topology.num_nodes > 1
         with charged("intra", "node_broadcast", 0, node_bytes(self.array, self.topology)):
-            self.slices.finish(broadcast=across)
+            self.slices.finish(broadcast=across,
+                               divisor=self.ranks if self.op == "mean" else 1)
