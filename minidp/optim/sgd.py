@@ -61,8 +61,8 @@ class SGD(Optimizer):
         completes it.
         """
         self._check_flat("step_replica")
-        out[...] = self.flat.data[part]
-        sgd_update(out, grad, state, self.lr, self.momentum, self.weight_decay, self.nesterov)
+        sgd_update(self.flat.data[part], grad, state, self.lr, self.momentum,
+                   self.weight_decay, self.nesterov, out=out)
 
     def step_momenta(self, part: slice, grad: Any, states: list[Any],
                      equal_to: Any = None) -> None:

@@ -250,6 +250,19 @@ def test_weighted_merge_gives_the_bits_of_numpys_three_passes(dtype, weight):
     np.testing.assert_array_equal(x.view(np.uint8), expected.view(np.uint8))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_update_into_out_leaves_w_and_gives_the_in_place_bits(dtype, nesterov):
+    w, g = rand(1001, dtype, 12), rand(1001, dtype, 13)
+    buf, buf_in_place = rand(1001, dtype, 14), rand(1001, dtype, 14)
+    w_before, out, in_place = w.copy(), np.full_like(w, np.nan), w.copy()
+    ew.sgd_update(w, g, buf, 0.05, 0.9, 1e-3, nesterov, out=out)
+    ew.sgd_update(in_place, g, buf_in_place, 0.05, 0.9, 1e-3, nesterov)
+    np.testing.assert_array_equal(w, w_before)
+    np.testing.assert_array_equal(out, in_place)
+    np.testing.assert_array_equal(buf, buf_in_place)
+
+
 def test_dispatchers_agree_with_references():
     x = rand((2, 3, 9, 9), np.float32, 9)
     np.testing.assert_array_equal(ic.im2col(x, 3, 3, 2, 1, 1),
