@@ -1,13 +1,14 @@
 """Reading a dataset file: collective contiguous MPI-IO against naive readers.
 
     .venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py benchmarks/bench_io.py \
-        [--size-mb 220] [--shape 1,28,28]
+        [--size-mb 220] [--shape 1,28,28]      (or -n 4: the training runs' 2 x 2)
 
 Generates (once) an .mdp file of at least 200 MB of uint8 records (Fashion-MNIST's
 1x28x28 by default, ``--shape 3,32,32`` for CIFAR-10's) and
 times, per rank and in one run, reading this rank's share of one epoch three ways:
 
-* ``mpiio``: minidp's reader, this rank's contiguous block by collective ``Read_at_all``;
+* ``mpiio``: minidp's reader, this rank's contiguous block by collective ``Iread_at_all``
+  (without ROMIO's collective buffering, ``readers.open_for_blocks``);
 * ``strided``: the same number of records at scattered offsets, one ``Read_at`` each;
 * ``numpy.fromfile``: plain file reads of exactly the byte range ``mpiio`` reads.
 
@@ -77,14 +78,14 @@ def main() -> None:
     total = comm.allreduce(my_bytes)
 
     results = {
-        "mpiio (Read_at_all, contiguous)": timed(lambda: mpiio.read_block(0)),
+        "mpiio (Iread_at_all, contiguous)": timed(lambda: mpiio.read_block(0)),
         "numpy.fromfile (same ranges)": timed(lambda: np.fromfile(
             args.path, dtype=np.uint8, count=my_bytes,
             offset=HEADER_SIZE + start * header.record_size)),
         "strided (Read_at per record)": timed(lambda: strided.read_records(scattered)),
     }
     if comm.rank == 0:
-        base = results["mpiio (Read_at_all, contiguous)"]
+        base = results["mpiio (Iread_at_all, contiguous)"]
         print(f"{header.count} records of {header.record_size} B = {total / 2**20:.0f} MiB, "
               f"{comm.size} ranks")
         common.print_table(["reader", "seconds", "MB/s", "mpiio speed / this"], [
