@@ -108,6 +108,21 @@ class FlatParameters:
             p.grad = buffer[sl].reshape(p.data.shape)
             self._views[i] = (p.data, p.grad)
 
+    def rebind_data(self, buffer: Any) -> None:
+        """Let the parameters live in ``buffer`` from now on: its values are theirs.
+
+        Nothing is copied (the caller fills it first): ``data`` and every
+        ``Parameter.data`` become views of ``buffer``. DASO's identical node keeps one
+        replica in a node window this way.
+        """
+        if buffer.shape != (self.size,) or buffer.dtype != self.data.dtype:
+            raise ValueError(f"rebind_data: buffer has shape {buffer.shape} and dtype "
+                             f"{buffer.dtype}, expected ({self.size},) and {self.data.dtype}")
+        self.data = buffer
+        for i, (p, sl) in enumerate(zip(self.params, self.slices)):
+            p.data = buffer[sl].reshape(p.data.shape)
+            self._views[i] = (p.data, p.grad)
+
     def zero_grad(self) -> None:
         """Set every gradient to zero with one write."""
         self.grad[...] = 0

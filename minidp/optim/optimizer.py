@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from minidp import backend
-from minidp.layers.flat import FlatParameters, GradientMemory, Parameter
+from minidp.layers.flat import FlatParameters, Parameter
 
 
 def check_range(name: str, value: Any, low: float, high: float | None = None,
@@ -53,19 +53,17 @@ class Optimizer(abc.ABC):
         flat = self.params[0].flat_owner
         return flat if flat is not None and flat.intact(self.params) else None
 
-    def rebind_state(self, memory: GradientMemory) -> None:
-        """Move the flat state into ``memory`` (a node window's segment), values kept.
+    def rebind_state(self, buffer: Any) -> None:
+        """Let the flat state live in ``buffer`` from now on: its values are the state's.
 
-        DASO keeps every rank's momenta in one node window, so that in a blocking batch
-        each rank can update one slice of all of them (:meth:`SGD.step_replica`,
-        :meth:`SGD.step_momenta`).
+        Nothing is copied (the caller fills it first, or it holds the state already): DASO
+        moves an identical node's momentum into one node window, where every rank updates
+        its slice (:meth:`SGD.step_part`), and back when the node's momenta part.
         """
-        buffer = memory.array
         if buffer.shape != self.state.shape or buffer.dtype != self.state.dtype:
             raise ValueError(f"rebind_state: buffer has shape {buffer.shape} and dtype "
                              f"{buffer.dtype}, expected {self.state.shape} and "
                              f"{self.state.dtype}")
-        buffer[...] = self.state
         self._bind_state(buffer)
 
     def _bind_state(self, buffer: Any) -> None:

@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from minidp.backend import array_module
 from minidp.kernels import sgd_update
 from minidp.layers.flat import Parameter
@@ -46,47 +44,18 @@ class SGD(Optimizer):
         if nesterov and self.momentum == 0:
             raise ValueError("nesterov: got True with momentum 0; Nesterov needs momentum > 0")
         self.nesterov = bool(nesterov)
-        self._scratch = None  # step_momenta's throwaway parameters, made on first use
 
-    # DASO's blocking batch: the node's ranks hold equal parameters and gradients, each
-    # its own momentum, and each rank updates one slice of all of them. The two halves
-    # of such a step, the second of which counts it, give every element the bits step()
-    # gives it on each replica: they are the same fused kernel.
+    def step_part(self, part: slice, grad: Any, out: Any = None) -> None:
+        """One step of the flat parameters' ``part`` from its gradient ``grad``.
 
-    def step_replica(self, part: slice, grad: Any, state: Any, out: Any) -> None:
-        """``out`` <- the parameters' ``part`` after a step with the momentum ``state``.
-
-        ``state`` (the part of some replica's momentum) is updated; this optimizer's
-        parameters are not touched and the step is not counted: :meth:`step_momenta`
-        completes it.
+        DASO's identical node keeps one replica, and each rank steps its own part of it.
+        The step is counted (call it once per step on each rank). ``out``: the stepped
+        part goes there and the parameters are left as they are (a blocking DASO send,
+        whose average overwrites them), the momentum advanced all the same.
         """
-        self._check_flat("step_replica")
-        sgd_update(self.flat.data[part], grad, state, self.lr, self.momentum,
+        self._check_flat("step_part")
+        sgd_update(self.flat.data[part], grad, self.state[part], self.lr, self.momentum,
                    self.weight_decay, self.nesterov, out=out)
-
-    def step_momenta(self, part: slice, grad: Any, states: list[Any],
-                     equal_to: Any = None) -> None:
-        """Advance the momenta ``states`` (parts of replicas' buffers) as a step would.
-
-        The parameters are not touched (the replicas' steps are computed on a scratch
-        copy and dropped); counts the step, so call it once per step, after
-        :meth:`step_replica`. ``equal_to``: the state :meth:`step_replica` advanced,
-        where every one of ``states`` held its values before: they are copied from it,
-        the same bits for a copy's work.
-        """
-        self._check_flat("step_momenta")
-        x = self.flat.data[part]
-        if self.momentum and equal_to is not None:
-            for state in states:
-                state[...] = equal_to
-        elif self.momentum:
-            if self._scratch is None or self._scratch.size != self.flat.size:
-                self._scratch = np.empty_like(self.flat.data)
-            scratch = self._scratch[part]
-            for state in states:
-                scratch[...] = x
-                sgd_update(scratch, grad, state, self.lr, self.momentum, self.weight_decay,
-                           self.nesterov)
         self.step_count += 1
 
     def _check_flat(self, what: str) -> None:

@@ -327,10 +327,17 @@ class Trainer:
 
     @contextlib.contextmanager
     def _consensus_parameters(self) -> Iterator[None]:
-        """Inside: the model holds the strategy's consensus parameters; after: its own."""
-        flat = self.strategy.flat
+        """Inside: the model holds the strategy's consensus parameters; after: its own.
+
+        Nothing is written where the consensus is the parameters themselves: DASO's node
+        ranks may share them (one replica in a node window).
+        """
+        flat, consensus = self.strategy.flat, self.strategy.consensus()
+        if consensus is flat.data:
+            yield
+            return
         own = flat.data.copy()
-        flat.data[...] = self.strategy.consensus()
+        flat.data[...] = consensus
         try:
             yield
         finally:

@@ -25,13 +25,19 @@ from minidp.comm import (
 )
 from minidp.comm.allreducers import AllreduceRequest, chunk_bounds
 from minidp.comm.levels import node_slice_mean
-from minidp.comm.shared import NodeBuffer
+from minidp.comm.network import charged
 from minidp.comm.wire import KINDS, HalfSum, decode, encode, round_to
 from minidp.kernels import weighted_merge
 from minidp.optim.schedules import Schedule
 from minidp.optim.sgd import SGD
 from minidp.strategies.base import Option, Strategy
-from minidp.strategies.daso_schedule import BatchSchedule, DASOSchedule, Merge, Send
+from minidp.strategies.daso_schedule import (
+    BatchPlan,
+    BatchSchedule,
+    DASOSchedule,
+    Merge,
+    Send,
+)
 from minidp.trace import tracer
 
 SYNCS = ("all", "rail")
@@ -120,16 +126,14 @@ class DASO(Strategy):
         kind = self.config["downcast"]
         self.half = HalfSum(kind) if kind != "none" and t.num_nodes > 1 else None
         self.words = np.empty(n, np.uint16) if self.half else None
-        # Blocking batches over all rails update 1/G of the parameters per rank (_sliced_send):
-        # for that, every rank's momenta are rows of one node window.
-        self.sliced = self.all_rails and t.num_nodes > 1 and t.local_size > 1 and \
-            isinstance(self.optimizer, SGD) and self.optimizer.flat is not None
-        if self.sliced:
-            self.momenta = SharedArray(t.node, n, self.optimizer.state.dtype)
-            self.optimizer.rebind_state(NodeBuffer(self.momenta))
-        # The node's ranks hold equal parameters: at the start (the broadcast) and after
-        # a blocking sync over all rails, where every rank reads the same mean.
-        self.node_equal = True
+        # While the node is identical, its ranks keep one replica in two node windows
+        # (parameters, momentum; row 0 of each) and each updates its 1/G (_replica_step).
+        self.replica: tuple[SharedArray, SharedArray] | None = None
+        if self.all_rails and t.num_nodes > 1 and t.local_size > 1 and \
+                isinstance(self.optimizer, SGD) and self.optimizer.flat is not None:
+            self.replica = (SharedArray(t.node, n, self.flat.data.dtype),
+                            SharedArray(t.node, n, self.optimizer.state.dtype))
+        self.private = (self.flat.data, self.optimizer.state)
         # Every rank of the node holds the same parameters and optimizer state: true until
         # a batch updates without the node sync (then the momenta differ for good).
         self.node_identical = True
@@ -180,61 +184,102 @@ class DASO(Strategy):
             self._record(batch, "node sync")
         else:
             self.node_identical = False
-        if self.sliced and self.node_equal and plan.node_sync and plan.send and \
-                plan.send.blocking:
-            self._sliced_send(batch, plan.send)
+        if self.replica is not None and self.node_identical and not self.shares_replica:
+            self._share()
+        elif self.replica is not None and not self.node_identical and self.shares_replica:
+            self._unshare()
+        if self.shares_replica:
+            self._replica_step(batch, plan)
         else:
             if plan.node_sync:
                 node_allreduce(self.grad_buffer, self.topology, op="mean")
             self.optimizer_step()
             if plan.send:
                 self._send(batch, plan.send)
-        if plan.merge:
-            self._merge(batch, plan.merge)
-        if plan.broadcast is not None:
-            self._broadcast(batch, plan.broadcast)
-        if plan.send and plan.send.blocking:
-            self._average(batch, plan.send)
+            if plan.merge:
+                self._merge(batch, plan.merge)
+            if plan.broadcast is not None:
+                self._broadcast(batch, plan.broadcast)
+            if plan.send and plan.send.blocking:
+                self._average(batch, plan.send)
         if plan.rails_reset:
             self._record(batch, "rails reset")
-        self.node_equal = self.all_rails and plan.send is not None and plan.send.blocking
 
-    def _sliced_send(self, batch: int, send: Send) -> None:
-        """Node sync, local update and blocking send, 1/G of the parameters per rank.
+    @property
+    def shares_replica(self) -> bool:
+        """Whether the model's parameters are now the node's one replica."""
+        return self.flat.data is not self.private[0]
 
-        The node's ranks start the batch with equal parameters and average the same
-        gradients, so rail k's update differs from theirs only by its momentum, and
-        every rank's momentum is a row of one window. Local rank j averages slice j of
-        the gradients (``node_slice_mean``), computes rail k's step on slice j of x
-        straight into the window and starts its sum over the nodes; while that travels,
-        it advances slice j of the other momenta. Bit for bit what the full path
-        computes, with two shared-memory syncs where that takes three (four where the
-        node is no longer identical: rail k publishes its x) and 1/G of the update
-        before the send. The rest of x is stale until the blocking average overwrites
-        it; the window sync before that average is the sync ``node_slice_mean`` asks
-        for before the gradients are written again.
+    def _share(self) -> None:
+        """Make the node's one replica the model's: local rank 0's values, one sync each."""
+        x, momentum = (shared.whole[0] for shared in self.replica)
+        if self.topology.local_rank == 0:
+            x[...] = self.flat.data
+            momentum[...] = self.optimizer.state
+        for shared in self.replica:
+            shared.sync()
+        self.flat.rebind_data(x)
+        self.optimizer.rebind_state(momentum)
+
+    def _unshare(self) -> None:
+        """Back to a replica per rank (the momenta are about to differ): copies, no sync.
+
+        The last replica step ended in a sync, after which no rank writes the windows.
         """
-        self._record(batch, "send", rail=send.rail, wait=send.wait, cast=send.cast)
-        self.windows.reverse()
-        window = self.windows[0]
+        x, momentum = self.private
+        x[...] = self.flat.data
+        momentum[...] = self.optimizer.state
+        self.flat.rebind_data(x)
+        self.optimizer.rebind_state(momentum)
+
+    def _replica_step(self, batch: int, plan: BatchPlan) -> None:
+        """A node-synced batch of the node's one replica: each rank carries its slice j.
+
+        Local rank j averages slice j of the gradients (``node_slice_mean``: one sync),
+        steps slice j of the parameters and momentum, sends slice j on rail j (a
+        blocking send's step goes straight into the window), merges and averages slice
+        j from its own rail's sum (no window sync: nobody reads another rank's part),
+        and one sync at the end shows every rank the whole x before its next forward;
+        it is also the sync ``node_slice_mean`` asks for before the gradients are
+        written again. Bit for bit what every rank computes on its own replica in the
+        full path: the same operations on each element.
+        """
         part, mean = node_slice_mean(self.grad_buffer, self.topology)
-        sent, rows = window.whole[0, part], list(self.momenta.whole[:, part])
-        stepped = rows.pop(send.rail)
+        x, send, sent = self.flat.data[part], plan.send, None
+        if send:
+            self._record(batch, "send", rail=send.rail, wait=send.wait, cast=send.cast)
+            self.windows.reverse()  # the other window may hold the sync still in flight
+            sent = self.windows[0].whole[0, part]
         with tracer().phase("optimizer"):
-            self.optimizer.step_replica(part, mean, stepped, out=sent)
-        request = None
-        if send.cast and self.half:
-            self._cast_sum(sent)
-        else:
-            # A blocking send, started early only to hide under the other momenta's
-            # update: what is left of it is this batch's network time, not a wait.
-            request = rail_iallreduce(sent, self.topology, waits_as="comm_inter")
-        with tracer().phase("optimizer"):  # an identical node's momenta: copies of rail k's
-            self.optimizer.step_momenta(part, mean, rows,
-                                        equal_to=stepped if self.node_identical else None)
-        if request is not None:
-            request.wait()
-        self.in_flight.append((None, window))
+            self.optimizer.step_part(part, mean, out=sent if send and send.blocking else None)
+        if send and send.blocking:
+            if send.cast and self.half:
+                self._cast_sum(sent)
+            else:
+                rail_allreduce(sent, self.topology, op="sum")
+            self.in_flight.append((None, self.windows[0]))
+        elif send:
+            sent[...] = x
+            self.in_flight.append((rail_iallreduce(sent, self.topology), self.windows[0]))
+        if plan.merge:
+            self._record(batch, "merge", rail=plan.merge.rail, weight=plan.merge.weight)
+            request, window = self.in_flight.popleft()
+            if request is not None:
+                request.wait()
+            weighted_merge(x, window.whole[0, part], plan.merge.weight,
+                           self.topology.num_nodes)
+        if plan.broadcast is not None:  # one replica: there is nothing to broadcast
+            self._record(batch, "broadcast", root=plan.broadcast)
+        if send and send.blocking:
+            self._record(batch, "average", rail=send.rail)
+            self._mean(self.in_flight.popleft()[1].whole[0, part], send, out=x)
+            self._record(batch, "broadcast", root=send.rail)  # Heat's, needless here
+            if not np.isfinite(x).all():
+                raise FloatingPointError(f"rank {self.topology.rank}: parameters are not "
+                                         f"finite after a sync in epoch {self.epoch + 1}; "
+                                         "lower --lr")
+        with charged("intra", "replica_sync", 0, 0):
+            self.replica[0].sync()
 
     def _record(self, batch: int, action: str, **numbers: Any) -> None:
         tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers)
@@ -349,4 +394,3 @@ class DASO(Strategy):
         self.schedule.load_state_dict(state["schedule"])
         self.batch_schedule.load_state_dict(state["batch_schedule"])
         self.node_identical = bool(state["node_identical"])
-        self.node_equal = True  # saved at an epoch's end, after its blocking sync

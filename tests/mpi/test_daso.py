@@ -148,20 +148,31 @@ def test_bf16_words_carry_two_bytes_per_parameter(sync):
 
 
 @two_by_two
-def test_a_blocking_batch_reduces_slices_and_overlaps_the_other_momenta_with_the_send():
-    # all rails on an equal node: one slice mean per rank (one sync saved), rail k's step,
-    # its sum started, waited for after the other momenta (the rest of the wait is this
-    # batch's inter-node time); no full node reduction
+@pytest.mark.parametrize("values", [(0, 0, 0), (2, 1, 1)])
+def test_an_identical_node_keeps_one_replica_and_each_rank_steps_its_slice(values):
+    # all rails, node synced every batch: the node's ranks share one x in a node window;
+    # per batch one slice mean per rank and one closing sync, no whole-buffer node
+    # reduction or broadcast; a blocking send's slice goes out at once
     tracer = set_tracer(Tracer(world.rank))
-    s = build("daso", topology(2), optimizer={"momentum": 0.9})
+    t = topology(2)
+    s = build("daso", t, optimizer={"momentum": 0.9})
     tracer.reset()
-    set_values(s, (0, 0, 0))
-    train_epoch(s, 0, 3)
+    set_values(s, values)
+    train_epoch(s, 0, 4)
     ops = [(e["name"], e["args"].get("op")) for e in tracer.events if e["ph"] == "X"]
-    assert ops.count(("comm_intra", "node_reduce")) == 3
-    assert ops.count(("comm_inter", "rail iallreduce")) == 3
-    assert not [op for name, op in ops if op in ("node_allreduce", "node_broadcast",
-                                                 "rail_allreduce")]
+    assert ops.count(("comm_intra", "node_reduce")) == 4
+    assert ops.count(("comm_intra", "replica_sync")) == 4
+    assert not [op for name, op in ops if op in ("node_allreduce", "node_broadcast")]
+    # (0, 0, 0): four blocking sends; (2, 1, 1): two started ones, waited at their merges,
+    # and the epoch's last batch's blocking one
+    started, blocking = (0, 4) if values == (0, 0, 0) else (2, 1)
+    assert ops.count(("wait", "rail iallreduce")) == started
+    assert ops.count(("comm_inter", "rail_allreduce")) == blocking
+    assert s.shares_replica and equal_over(world, s.flat.data)
+    if t.local_rank == 0:
+        s.flat.data[0] = 12345.0
+    s.replica[0].sync()
+    assert s.flat.data[0] == 12345.0  # one replica: local rank 0's write is every rank's
 
 
 def train_run(s, losses, start=0, stop=None):

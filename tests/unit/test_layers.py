@@ -49,6 +49,19 @@ def test_rebind_grad_moves_gradients_into_another_buffer():
         flat.rebind_grad(Memory(np.zeros(3, np.float32)))
 
 
+def test_rebind_data_makes_the_parameters_views_of_a_buffer_it_does_not_fill():
+    model = layers.mlp(4, (3,), 2)
+    flat = model.flat_parameters()
+    target = np.arange(flat.size, dtype=np.float32)  # the caller's values are the new ones
+    flat.rebind_data(target)
+    first = model.parameters()[0]
+    assert flat.data is target and np.shares_memory(first.data, target)
+    np.testing.assert_array_equal(first.data.reshape(-1), target[:first.data.size])
+    assert flat.intact(model.parameters())  # an optimizer built before still accepts them
+    with pytest.raises(ValueError, match=r"rebind_data: buffer has shape \(3,\)"):
+        flat.rebind_data(np.zeros(3, np.float32))
+
+
 def test_named_parameters_order_and_keys_follow_pytorch():
     keys = [k for k, _ in layers.resnet20().named_parameters()]
     assert keys[:4] == ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.conv1.weight"]

@@ -1,6 +1,5 @@
 """SGD and LARS update rules, LR schedules, and argument checks."""
 
-import types
 
 import numpy as np
 import pytest
@@ -113,61 +112,50 @@ def test_sgd_matches_pytorch_convention(momentum, nesterov, wd, flat):
 
 @pytest.mark.parametrize("momentum,nesterov,wd", [(0, False, 0), (0.9, False, 0),
                                                    (0.9, True, 1e-2), (0.5, False, 5e-4)])
-@pytest.mark.parametrize("equal_momenta", [False, True])
-def test_replicas_stepped_slice_by_slice_equal_each_replicas_own_step(momentum, nesterov, wd,
-                                                                      equal_momenta):
-    # DASO's blocking batch: 3 replicas with equal parameters and gradient, each its own
-    # momentum (or all the same one: then copied); 2 optimizers each step one half of
-    # all of them (float32: any other order of operations would show in the bits)
+def test_parts_stepped_one_by_one_give_the_whole_steps_bits(momentum, nesterov, wd):
+    # DASO's identical node: one replica, each rank steps its part (float32: any other
+    # order of operations would show in the bits); out= leaves the part for the average
     rng = np.random.default_rng(5)
     layers.manual_seed(4)
-    replicas = [layers.mlp(6, (5,), 3) for _ in range(3)]
-    for model in replicas[1:]:
-        model.flat_parameters().data[...] = replicas[0].flat_parameters().data
-    own = [SGD(m.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
-           for m in replicas]
-    momenta = rng.standard_normal(own[0].state.size)
-    for opt in own:  # momenta that differ, or not
-        opt.state[...] = momenta if equal_momenta else rng.standard_normal(opt.state.size)
-    states = np.stack([opt.state for opt in own])
-    grad = rng.standard_normal(states.shape[1]).astype(np.float32)
-    x0 = replicas[0].flat_parameters().data.copy()
-    for model, opt in zip(replicas, own):
-        model.flat_parameters().grad[...] = grad
-        opt.step()
-    follow, n = 2, states.shape[1]
-    out = np.empty(n, np.float32)
-    for part in (slice(0, n // 2), slice(n // 2, n)):
-        layers.manual_seed(4)
-        mine = layers.mlp(6, (5,), 3)
-        mine.flat_parameters().data[...] = x0
-        opt = SGD(mine.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov,
-                  weight_decay=wd)
-        opt.step_replica(part, grad[part], states[follow, part], out[part])
-        opt.step_momenta(part, grad[part], [states[r, part] for r in (0, 1)],
-                         equal_to=states[follow, part] if equal_momenta else None)
-        np.testing.assert_array_equal(mine.flat_parameters().data, x0)  # left for the average
-        assert opt.step_count == 1
-    np.testing.assert_array_equal(out, replicas[follow].flat_parameters().data)
-    for r, opt in enumerate(own):
-        np.testing.assert_array_equal(states[r], opt.state)
+    whole, parts = layers.mlp(6, (5,), 3), layers.mlp(6, (5,), 3)
+    parts.flat_parameters().data[...] = whole.flat_parameters().data
+    opt_whole, opt_parts = (SGD(m.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov,
+                                weight_decay=wd) for m in (whole, parts))
+    start = rng.standard_normal(opt_whole.state.size).astype(np.float32)
+    opt_whole.state[...], opt_parts.state[...] = start, start
+    n = opt_whole.state.size
+    for _ in range(3):
+        grad = rng.standard_normal(n).astype(np.float32)
+        whole.flat_parameters().grad[...] = grad
+        opt_whole.step()
+        for part in (slice(0, n // 3), slice(n // 3, n)):
+            opt_parts.step_part(part, grad[part])
+    np.testing.assert_array_equal(parts.flat_parameters().data, whole.flat_parameters().data)
+    np.testing.assert_array_equal(opt_parts.state, opt_whole.state)
+    assert opt_parts.step_count == 6  # counted per call: one call per rank and step
+    x = parts.flat_parameters().data.copy()
+    out = np.full(n // 2, np.nan, np.float32)
+    opt_parts.step_part(slice(0, n // 2), grad[:n // 2], out=out)
+    np.testing.assert_array_equal(parts.flat_parameters().data, x)
+    opt_whole.step()
+    np.testing.assert_array_equal(out, whole.flat_parameters().data[:n // 2])
+    np.testing.assert_array_equal(opt_parts.state[:n // 2], opt_whole.state[:n // 2])
 
 
-def test_rebound_state_keeps_its_values_and_takes_the_updates():
+def test_rebound_state_is_the_buffer_and_takes_the_updates():
     model = layers.mlp(4, (3,), 2)
     opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
     model.flat_parameters().grad[...] = 1
     opt.step()
-    memory = types.SimpleNamespace(array=np.full(opt.state.size, np.nan, np.float32))
-    before = opt.state.copy()
-    opt.rebind_state(memory)
-    assert opt.state is memory.array
-    np.testing.assert_array_equal(memory.array, before)
+    buffer = opt.state.copy()  # the caller fills it: nothing is copied
+    before = buffer.copy()
+    opt.rebind_state(buffer)
+    assert opt.state is buffer
     opt.step()
-    np.testing.assert_allclose(memory.array, 0.9 * before + 1, rtol=1e-6)
-    assert all(np.shares_memory(v, memory.array) for v in opt.state_views)
+    np.testing.assert_allclose(buffer, 0.9 * before + 1, rtol=1e-6)
+    assert all(np.shares_memory(v, buffer) for v in opt.state_views)
     with pytest.raises(ValueError, match="rebind_state: buffer has shape"):
-        opt.rebind_state(types.SimpleNamespace(array=np.zeros(3, np.float32)))
+        opt.rebind_state(np.zeros(3, np.float32))
 
 
 def test_optimizer_state_round_trips():
