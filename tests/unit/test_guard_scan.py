@@ -57,6 +57,10 @@ ALLOWED = {
         "the strided baseline opens the file on COMM_SELF: no other rank takes part",
     ("minidp/io/readers.py", "read_records", "Close"):
         "closes that COMM_SELF file: no other rank takes part",
+    ("minidp/io/readers.py", "open_for_blocks", "Create"):
+        "Info.Create makes a hints object in this rank's MPI: a local call",
+    ("minidp/io/readers.py", "open_for_blocks", "Free"):
+        "Info.Free releases it: a local call",
     ("minidp/comm/wire.py", "__init__", "Create"):
         "Op.Create registers a reduction function with this rank's MPI: a local call",
     ("minidp/comm/wire.py", "free", "Free"):
