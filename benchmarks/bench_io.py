@@ -8,7 +8,8 @@ Generates (once) an .mdp file of at least 200 MB of uint8 records (Fashion-MNIST
 times, per rank and in one run, reading this rank's share of one epoch three ways:
 
 * ``mpiio``: minidp's reader, this rank's contiguous block by collective ``Iread_at_all``
-  (without ROMIO's collective buffering, ``readers.open_for_blocks``);
+  (without ROMIO's collective buffering, ``readers.open_for_blocks``): epoch 0's block,
+  and epoch 1's (each rank its neighbour's block, as every later epoch);
 * ``strided``: the same number of records at scattered offsets, one ``Read_at`` each;
 * ``numpy.fromfile``: plain file reads of exactly the byte range ``mpiio`` reads.
 
@@ -79,6 +80,9 @@ def main() -> None:
 
     results = {
         "mpiio (Iread_at_all, contiguous)": timed(lambda: mpiio.read_block(0)),
+        # Epoch 1: every rank reads its neighbour's block, the rotation of every later
+        # epoch; ROMIO's collective buffering would hand each block over between ranks.
+        "mpiio, a rotated epoch's block": timed(lambda: mpiio.read_block(1)),
         "numpy.fromfile (same ranges)": timed(lambda: np.fromfile(
             args.path, dtype=np.uint8, count=my_bytes,
             offset=HEADER_SIZE + start * header.record_size)),

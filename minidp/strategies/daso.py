@@ -65,12 +65,12 @@ class DASO(Strategy):
 
     ``all`` puts each node's whole network link to work instead of one rail's, and
     computes exactly what ``rail`` does: the sum is taken over the same P numbers per
-    element. It needs rail k's x on every rank: while every rank of the node holds the
-    same parameters and optimizer state (from the start until a batch without node
-    sync), each rank sends its own slice and computes the merge and the mean itself;
-    afterwards local rank k first publishes x_k in the window (one shared-memory sync),
-    merges on rank k and broadcasts, and every rank divides the blocking sum from the
-    window into its parameters, so no broadcast follows it.
+    element. It needs rail k's x on every rank: while the node's ranks hold the same
+    parameters and optimizer state (from the start until a batch without node sync),
+    they keep one replica in node windows and rank j steps, sends, merges and averages
+    slice j of it (:meth:`_replica_step`: no broadcast, no copy); afterwards local rank
+    k first publishes x_k in the window (one shared-memory sync), merges on rank k and
+    broadcasts, and every rank divides the blocking sum into its own x.
 
     Ranks wait at node reductions and broadcasts, at blocking sends, and at a merge only
     for what the network has not finished since the send. Every action is recorded in
