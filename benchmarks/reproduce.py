@@ -293,8 +293,9 @@ def run_claim(claim: Claim, tmp: str, args: argparse.Namespace) -> list[str]:
     table = runs_table(list(runs.values()), paths=False)
     verdict = claim.verdict(runs)
     made = shlex.join([".venv/bin/python", "benchmarks/reproduce.py", *sys.argv[1:]])
+    # the epochs are the table's: a claim may run its own number (DASO's schedule)
     data = (f"{args.dataset}, the first {args.train_samples} training samples (or all, if "
-            f"fewer), {args.epochs} epochs")
+            "fewer)")
     return [f"## {claim.name}: {claim.paper}", "", f"**Claim.** {claim.claim}", "",
             f"**Here.** {claim.setup} Data: {data}.", "", *table, "",
             f"![accuracy](reproduction/{claim.name}/accuracy.png)", "",
