@@ -83,16 +83,23 @@ class DeviceReplica(HostCompute):
         for (_, mine), (_, theirs) in zip(self.model.named_modules(), host.named_modules()):
             if isinstance(mine, layers.Dropout):  # one mask stream, saved by checkpoints
                 mine.rng = theirs.rng
-        here = host.flat_parameters()
-        self.parameters = Staging(here.data, self.flat.data)
-        self.gradients = Staging(here.grad, self.flat.grad)
+        self.host_flat = host.flat_parameters()
+        self.parameters = Staging(self.host_flat.data, self.flat.data)
+        self.gradients = Staging(self.host_flat.grad, self.flat.grad)
 
     def inputs(self, x: Any, y: Any) -> tuple[Any, Any]:
         """The batch on the device."""
         return backend.to_module(x, self.xp), backend.to_module(y, self.xp)
 
     def parameters_to_device(self) -> None:
-        """Host parameters (the strategy's, after its pull or update) -> device."""
+        """Host parameters (the strategy's, after its pull or update) -> device.
+
+        The staging follows the host parameters where a strategy moved them (DASO's
+        identical node keeps one replica in a node window, and leaves it later).
+        """
+        if self.host_flat.data is not self.parameters.host:
+            self.parameters.close()
+            self.parameters = Staging(self.host_flat.data, self.flat.data)
         self.parameters.upload()
 
     def gradients_to_host(self) -> None:

@@ -279,7 +279,10 @@ class DASO(Strategy):
                                          f"finite after a sync in epoch {self.epoch + 1}; "
                                          "lower --lr")
         with charged("intra", "replica_sync", 0, 0):
+            momentum = self.replica[1].window
+            momentum.Sync()  # the momentum's slices too: a checkpoint and _unshare read them
             self.replica[0].sync()
+            momentum.Sync()
 
     def _record(self, batch: int, action: str, **numbers: Any) -> None:
         tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers)

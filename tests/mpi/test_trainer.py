@@ -85,12 +85,13 @@ def deterministic_strategies():
     """Strategies whose result does not depend on arrival order at this world size.
 
     Two ranks: every family (one server and one worker, or two single-rank nodes);
-    four ranks as 2x2: the gradients in a node window, shared by two ranks.
+    four ranks as 2x2: the gradients in a node window, shared by two ranks, and DASO's
+    identical node, whose parameters move into a node window (the staging follows).
     """
     if world.size == 2:
         return ["sync", "hsgd", "hbsgd", "daso", "easgd-sync", "asgd", "amsgd", "softsync",
                 "dbs", "easgd-rr", "easgd-async", "measgd-async", "hogwild", "easgd-hogwild"]
-    return ["hsgd"] if world.size == 4 else []
+    return ["hsgd", "daso"] if world.size == 4 else []
 
 
 @pytest.mark.parametrize("strategy", deterministic_strategies())
