@@ -279,8 +279,11 @@ class Strategy(abc.ABC):
         """Parameters <- their mean over every rank (hierarchical: node slices, then rails)."""
         allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
 
-    def check_finite(self) -> None:
-        """Raise (naming rank and epoch) if the parameters are not all finite."""
-        if not np.all(np.isfinite(self.flat.data)):
+    def check_finite(self, values: np.ndarray | None = None) -> None:
+        """Raise (naming rank and epoch) if the parameters are not all finite.
+
+        ``values``: the part of them to check (a rank's slice of DASO's one replica).
+        """
+        if not np.all(np.isfinite(self.flat.data if values is None else values)):
             raise FloatingPointError(f"rank {self.topology.rank}: parameters are not finite "
                                      f"after a sync in epoch {self.epoch + 1}; lower --lr")

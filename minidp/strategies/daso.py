@@ -274,10 +274,7 @@ class DASO(Strategy):
             self._record(batch, "average", rail=send.rail)
             self._mean(self.in_flight.popleft()[1].whole[0, part], send, out=x)
             self._record(batch, "broadcast", root=send.rail)  # Heat's, needless here
-            if not np.isfinite(x).all():
-                raise FloatingPointError(f"rank {self.topology.rank}: parameters are not "
-                                         f"finite after a sync in epoch {self.epoch + 1}; "
-                                         "lower --lr")
+            self.check_finite(x)
         with charged("intra", "replica_sync", 0, 0):
             momentum = self.replica[1].window
             momentum.Sync()  # the momentum's slices too: a checkpoint and _unshare read them
@@ -367,8 +364,7 @@ class DASO(Strategy):
         if self.all_rails:
             self._mean(self._finished_sum(send.rail), send, out=x)
             self._broadcast(batch, send.rail, equal=True)
-            if not np.isfinite(x[self.slice]).all():
-                self.check_finite()
+            self.check_finite(x[self.slice])
             return
         total = self._finished_sum(send.rail)
         if total is not None:
