@@ -76,12 +76,18 @@ class SharedArray:
         self._check()
         return self._whole[self.node.Get_rank()]
 
-    def sync(self) -> None:
-        """Make every rank's earlier stores visible to every rank of the node."""
-        self._check()
-        self.window.Sync()
+    def sync(self, *others: SharedArray) -> None:
+        """Make every rank's earlier stores visible to every rank of the node.
+
+        ``others``: more windows of the same node, published by the same barrier.
+        """
+        windows = (self, *others)
+        for shared in windows:
+            shared._check()
+            shared.window.Sync()
         guard.barrier(self.node, "shared-memory sync")
-        self.window.Sync()
+        for shared in windows:
+            shared.window.Sync()
 
     def free(self) -> None:
         """Release the window (collective on the node); later use is a RuntimeError."""

@@ -211,13 +211,12 @@ class DASO(Strategy):
         return self.flat.data is not self.private[0]
 
     def _share(self) -> None:
-        """Make the node's one replica the model's: local rank 0's values, one sync each."""
+        """Make the node's one replica the model's: local rank 0's values, one sync."""
         x, momentum = (shared.whole[0] for shared in self.replica)
         if self.topology.local_rank == 0:
             x[...] = self.flat.data
             momentum[...] = self.optimizer.state
-        for shared in self.replica:
-            shared.sync()
+        self.replica[0].sync(self.replica[1])
         self.flat.rebind_data(x)
         self.optimizer.rebind_state(momentum)
 
@@ -275,11 +274,8 @@ class DASO(Strategy):
             self._mean(self.in_flight.popleft()[1].whole[0, part], send, out=x)
             self._record(batch, "broadcast", root=send.rail)  # Heat's, needless here
             self.check_finite(x)
-        with charged("intra", "replica_sync", 0, 0):
-            momentum = self.replica[1].window
-            momentum.Sync()  # the momentum's slices too: a checkpoint and _unshare read them
-            self.replica[0].sync()
-            momentum.Sync()
+        with charged("intra", "replica_sync", 0, 0):  # the momentum's too: _unshare reads it
+            self.replica[0].sync(self.replica[1])
 
     def _record(self, batch: int, action: str, **numbers: Any) -> None:
         tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers)

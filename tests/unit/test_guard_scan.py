@@ -57,8 +57,6 @@ ALLOWED = {
         "the strided baseline opens the file on COMM_SELF: no other rank takes part",
     ("minidp/io/readers.py", "read_records", "Close"):
         "closes that COMM_SELF file: no other rank takes part",
-    ("minidp/strategies/daso.py", "_replica_step", "Sync"):
-        "Win.Sync of the momentum window: a memory barrier of this rank",
     ("minidp/io/readers.py", "open_for_blocks", "Create"):
         "Info.Create makes a hints object in this rank's MPI: a local call",
     ("minidp/io/readers.py", "open_for_blocks", "Free"):
