@@ -24,6 +24,9 @@ DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ru
 # What a textbook program may take from minidp: the model and the autograd for its gradient.
 MINIDP_NAMES = {"Tensor", "layers", "functional as F"}
 MACHINERY = ("minidp.comm", "minidp.strategies", "minidp.run", "guard", "SharedArray")
+NON_BLOCKING = re.compile(r"\.(I[a-z]+|Test\w*|Wait\w*)\(")  # Isend, Iallreduce, ... waits
+# The lock-free programs: one array in the node's shared memory is their algorithm.
+SHARED_MEMORY = {"textbook_hogwild.py", "textbook_easgd_hogwild.py"}
 
 
 def test_every_strategy_page_has_its_textbook_program():
@@ -37,6 +40,8 @@ def test_every_strategy_page_has_its_textbook_program():
             imported |= {n.strip() for n in names.split(",")}
         assert imported <= MINIDP_NAMES, f"{program.name} imports {imported - MINIDP_NAMES}"
         assert not any(word in program.source for word in MACHINERY), program.name
+        assert not NON_BLOCKING.search(program.source), program.name
+        assert ("Allocate_shared" in program.source) == (program.name in SHARED_MEMORY)
 
 
 def test_the_pages_show_exactly_the_commands_the_test_runs():
