@@ -63,6 +63,9 @@ def test_every_mutant_changes_its_program_once():
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     """{(case, mutant): the driver's line} from one job per world size."""
+    from minidp.kernels import ensure_compiled
+
+    ensure_compiled()  # in a fresh clone: compiled here, before the timed jobs
     lines = {}
     for ranks in sorted({run.ranks for run in RUNS}, reverse=True):
         directory = tmp_path_factory.mktemp(f"textbook{ranks}")
