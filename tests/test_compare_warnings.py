@@ -14,7 +14,7 @@ def test_compare_passes_a_jobs_warnings_through(tmp_path, synthetic_data_dir):
     # 2 epochs leave DASO's default warm-up and cool-down (4 each) no cycling epoch: the
     # job warns at its start, long before the two lines compare shows of every job.
     command = [sys.executable, "-m", "minidp", "compare", "--strategies", "daso",
-               "--ranks", "2", "--out", str(tmp_path / "cmp"), "--", "--model", "mlp",
+               "--ranks", "1", "--out", str(tmp_path / "cmp"), "--", "--model", "mlp",
                "--dataset", "synthetic", "--data-dir", synthetic_data_dir, "--epochs", "2",
                "--train-samples", "256", "--test-samples", "128", "--batch-size", "32"]
     env = dict(os.environ, MPIEXEC_TIMEOUT="120", MINIDP_NUM_THREADS="1")
