@@ -9,8 +9,10 @@ its mutant; both are compared with the run's reference (``tests/textbook_referen
 Rank 0 prints one line per comparison, ``TEXTBOOK {json}``, with ``case``, ``mutant``,
 ``bitwise`` (every array equal, bit for bit, on every rank), ``max_diff`` (the largest
 difference of an element), ``distance`` (the largest ||run - reference|| / ||reference -
-x_0|| over the arrays), ``moved`` (how far the reference got from x_0) and, for
-``dbs``, the batch sizes the run granted. ``tests/test_textbook.py`` judges them.
+x_0|| over the arrays), ``moved`` (how far the reference got from x_0), ``compared``
+(how many arrays, over the ranks) and, for ``dbs`` with several workers, the batch
+sizes the run granted (shown, not judged: they follow timing). ``tests/test_textbook.py``
+judges the rest.
 """
 
 import contextlib
