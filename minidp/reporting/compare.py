@@ -129,8 +129,11 @@ def run(args: argparse.Namespace) -> int:
                    "--strategy", strategy, "--out", out, "--no-progress"]
         print(f"$ {shlex.join(command)}", flush=True)
         status, output = run_job(command, args.timeout)
-        tail = "\n".join(output.strip().splitlines()[-2:])
-        print(tail, flush=True)
+        lines = output.strip().splitlines()
+        # What the job warned of at its start (a DASO run that never cycles, an ignored
+        # flag), then its last two lines: the final accuracy and time.
+        told = [line for line in lines[:-2] if line.startswith(("warning:", "note:"))]
+        print("\n".join([*told, *lines[-2:]]), flush=True)
         (done if status == 0 else failed).append(out)
         if status != 0:
             print(f"{strategy} failed (exit {status}); left out of the report",
