@@ -89,8 +89,9 @@ def test_asgd_rate_follows_the_servers_sample_clock_in_turn_with_staleness_0_1()
                        {"momentum": 0.5, "weight_decay": 0.1}, batches=2,
                        schedule=make_schedule("step", 0.1, 3), order="round_robin")
         # pushes in turn: w1 (2, sigma 0), w2 (4, sigma 1), w1 (-1, 0), w2 (3, 1); clock
-        # 0, 0, 1, 1. w = 0.79, 0.3821, 0.3921 - ... : 0.3917179, then
-        # 0.3917179 - 0.01 (3 + 0.03917179) = 0.3613261821 (--momentum unused by asgd)
+        # 0, 0, 1, 1: w = 1 - 0.1 (2 + 0.1) = 0.79; 0.79 - 0.1 (4 + 0.079) = 0.3821;
+        # 0.3821 - 0.01 (-1 + 0.03821) = 0.3917179; 0.3917179 - 0.01 (3 + 0.03917179)
+        # = 0.3613261821 (--momentum unused by asgd)
         assert got.tolist() == [close(0.3613261821)] * got.size
         stats = s.epoch_stats()
         if topo.rank == 0:
