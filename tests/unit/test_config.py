@@ -148,12 +148,12 @@ def test_a_bad_comm_timeout_variable_is_refused(monkeypatch, value):
 
 
 def test_more_threads_than_cores_is_refused(monkeypatch):
-    from minidp.__main__ import check_threads
-    from minidp.threads import available_cores
+    from minidp import threads
 
     monkeypatch.setenv("MINIDP_NUM_THREADS", "100000")
     with pytest.raises(ValueError, match=re.escape(
-            f"MINIDP_NUM_THREADS: got 100000, allowed: 1 to {available_cores()} (the cores")):
-        check_threads()
-    monkeypatch.setenv("MINIDP_NUM_THREADS", str(available_cores()))
-    check_threads()
+            f"MINIDP_NUM_THREADS: got 100000, allowed: 1 to {threads.available_cores()} (the "
+            "cores")):
+        threads.check()
+    monkeypatch.setenv("MINIDP_NUM_THREADS", str(threads.available_cores()))
+    threads.check()
