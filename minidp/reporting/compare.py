@@ -93,26 +93,19 @@ def flags_for(strategy: str, flags: list[str]) -> list[str]:
     return kept
 
 
-class _TrainFlags(argparse.ArgumentParser):
-    """train's parser for checking a job's flags: its complaint is raised, not printed."""
-
-    def error(self, message: str) -> None:  # noqa: D102 (argparse's hook)
-        raise ValueError(f"compare: train flags: {message} (see python -m minidp train "
-                         "--help)")
-
-
 def check_train_flags(strategies: list[tuple[str, list[str]]], flags: list[str]) -> None:
     """Parse each job's flags as `train` would, so a bad one fails before any launch."""
-    from minidp.run.flags import build_parser, from_args
+    from minidp.run.flags import check_command_line
 
     for flag in ("--strategy", "--out"):
         if flag in flags:
             raise ValueError(f"compare: train flags: {flag} is set by compare, allowed: "
                              "every other train flag")
     for strategy, sets in strategies:
-        parser = build_parser(_TrainFlags(prog="minidp train", add_help=False))
-        args = parser.parse_args([*flags_for(strategy, flags), *sets, "--strategy", strategy])
-        from_args(args)
+        try:
+            check_command_line([*flags_for(strategy, flags), *sets, "--strategy", strategy])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"compare: train flags: {exc}") from None
 
 
 def check_options(args: argparse.Namespace) -> None:

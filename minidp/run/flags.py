@@ -160,6 +160,23 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+class _Refusing(argparse.ArgumentParser):
+    """train's parser whose complaint is raised (ValueError), never printed with a usage."""
+
+    def error(self, message: str) -> None:  # noqa: D102 (argparse's hook)
+        raise ValueError(f"{message} (see python -m minidp train --help)")
+
+
+def check_command_line(argv: list[str]) -> TrainConfig:
+    """The checked configuration of ``minidp train ARGV``, as train makes it; else ValueError.
+
+    For commands that start train jobs (``compare``, ``simulate --validate``): a flag
+    that train would refuse is refused before any job starts, in train's own words.
+    """
+    return from_args(build_parser(_Refusing(prog="minidp train", add_help=False))
+                     .parse_args(argv))
+
+
 def from_args(args: argparse.Namespace) -> TrainConfig:
     """Merge defaults, the --config file and the given flags into a checked TrainConfig."""
     settings, tables = from_toml(args.config) if getattr(args, "config", None) else ({}, {})

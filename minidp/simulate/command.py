@@ -144,10 +144,14 @@ def run(args: argparse.Namespace) -> int:
         for series in results.values():
             print(scaling(series))
     if args.validate:
-        from minidp.simulate.validate import compare, comparison_table
+        from minidp.simulate.validate import JobFailed, compare, comparison_table
 
         print()
-        print(comparison_table(compare(args, s)), flush=True)
+        try:
+            print(comparison_table(compare(args, s)), flush=True)
+        except JobFailed as failed:  # one line: which run, its status and its last line
+            print(f"error: {failed}", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 
