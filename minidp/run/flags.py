@@ -43,8 +43,9 @@ HELP = {
     "weight_decay": "L2 penalty added to the gradients",
     "trust_coefficient": "LARS's trust coefficient (eta)",
     "optimizer": "sgd or lars", "schedule": "constant, cosine, step or poly (per step)",
-    "warmup_epochs": "linear learning-rate warm-up", "ranks_per_node": "virtual nodes of "
-    "this many consecutive ranks (default: the real shared-memory nodes)",
+    "warmup_epochs": "linear learning-rate warm-up, at most --epochs", "ranks_per_node":
+    "virtual nodes of this many consecutive ranks, a divisor of the job's ranks (default: the "
+    "real shared-memory nodes)",
     "net_latency_us": "model: latency per inter-node message",
     "net_bandwidth_gbps": "model: inter-node bandwidth (0: unlimited)",
     "reader": "mpiio, memory, leader or strided", "dtype": "float32 or float64",
