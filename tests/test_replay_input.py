@@ -93,7 +93,7 @@ CASES = [
      "events.json: '{run}/events.json' is not valid JSON"),
     ("asgd", "events.json", lambda p: edit_json(p, lambda r: rows(r, 1)[0].append(0)),
      "events.json: '{run}/events.json', rank 1, row 0: got [0, 16, 0, 0], allowed: epoch in "
-     "[0, 1], samples in [0, "),
+     "[0, 1], samples >= 0, version_0 >= 0"),
     ("asgd", "events.json", lambda p: edit_json(p, lambda r: rows(r, 0)[0].__setitem__(0, 7)),
      "events.json: '{run}/events.json', rank 0, row 0: got [7, "),
     ("asgd", "events.json", lambda p: edit_json(p, lambda r: rows(r, 0)[0].__setitem__(1, 9)),
