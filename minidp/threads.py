@@ -13,7 +13,8 @@ sets the thread count itself, before the first matmul, from the first of:
 
 ``python -m minidp info`` prints the count and which of these chose it. A bad value
 cannot break ``import minidp`` (the next source decides instead); :func:`check` makes
-it a user error naming the variable when training starts.
+it a user error naming the variable when a command starts, as it does for more threads
+than the cores this process may run on.
 
 The counts minidp fills in are its own defaults, not the user's settings, and must not
 pass for them in a child process: ``minidp compare`` imports minidp (one process, all
@@ -41,6 +42,7 @@ def _inherited_defaults() -> set[str]:
 
 
 # As the user's environment had it, before set_thread_environment() fills in defaults.
+_INHERITED_TEXT = os.environ.get(DEFAULTS_VARIABLE, "")
 _INHERITED = _inherited_defaults()
 _USER_OMP = "" if "OMP_NUM_THREADS" in _INHERITED else os.environ.get("OMP_NUM_THREADS", "")
 
@@ -90,12 +92,30 @@ def threads_per_rank() -> int:
 
 
 def check() -> None:
-    """Raise ValueError naming a set but unusable thread variable (a user error)."""
+    """Raise ValueError naming a set but unusable thread variable (a user error).
+
+    A count that is not a positive integer; ``MINIDP_NUM_THREADS`` above the cores this
+    process may run on (more BLAS threads than cores only slow a rank, and
+    ``MINIDP_NUM_THREADS=100000`` would start that many); ``MINIDP_THREAD_DEFAULTS`` that
+    is not what a parent minidp process writes there.
+    """
     for name, text in (("MINIDP_NUM_THREADS", os.environ.get("MINIDP_NUM_THREADS", "")),
                        ("OMP_NUM_THREADS", _USER_OMP)):
         if text.strip() and not _count(text):
             raise ValueError(f"{name}: got {text!r}, allowed: a positive integer (threads "
                              "per rank)")
+    count, source = choice()
+    cores = available_cores()
+    if source.startswith("MINIDP_NUM_THREADS=") and count > cores:
+        raise ValueError(f"MINIDP_NUM_THREADS: got {count}, allowed: 1 to {cores} (the cores "
+                         "this process may run on; threads per rank)")
+    for item in filter(None, _INHERITED_TEXT.split(",")):
+        name, _, value = item.partition("=")
+        if name not in THREAD_VARIABLES or not _count(value):
+            raise ValueError(f"{DEFAULTS_VARIABLE}: got {_INHERITED_TEXT!r}, allowed: what "
+                             "minidp writes there for its child processes, NAME=N[,NAME=N...] "
+                             f"with NAME one of {', '.join(THREAD_VARIABLES)} and N >= 1; "
+                             "unset it")
 
 
 def set_thread_environment() -> int:

@@ -105,8 +105,8 @@ def test_resume_reaches_exactly_the_uninterrupted_state(tmp_path, data_dir):
     (["--set", "sync.k=2"], 2, "strategy 'sync': unknown option(s) k; valid options: (none)"),
     (["--strategy", "easgd"], 2, "--strategy: got 'easgd', allowed: sync, hsgd, hbsgd, daso, "
                                  "asgd, amsgd, hogwild, softsync, dbs"),
-    (["--ranks-per-node", "3"], 4, "ranks_per_node 3 must be a positive divisor of the world "
-                                   "size 4"),
+    (["--ranks-per-node", "3"], 4, "--ranks-per-node: got 3 for the job's 4 ranks (mpiexec -n "
+                                   "4), allowed: a divisor of 4 (1, 2, 4)"),
     (["--global-batch-size", "2"], 4, "--global-batch-size: got 2, allowed: a multiple of the "
                                       "4 workers"),
     (["--batch-size", "400"], 4, "batch size 400 for"),

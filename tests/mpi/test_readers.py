@@ -152,8 +152,8 @@ def test_leader_reader_shares_each_node_block_disjointly(data_file, ranks_per_no
     from minidp.io.readers import LeaderReader
 
     if ranks_per_node is not None and comm.size % ranks_per_node:
-        with pytest.raises(ValueError, match=f"ranks_per_node {ranks_per_node} must be a "
-                                             f"positive divisor of the world size {comm.size}"):
+        with pytest.raises(ValueError, match=f"--ranks-per-node: got {ranks_per_node} for the "
+                                             f"job's {comm.size} ranks"):
             LeaderReader(data_file, ranks_per_node=ranks_per_node)
         return
     reader = LeaderReader(data_file, ranks_per_node=ranks_per_node)
