@@ -65,6 +65,8 @@ ALLOWED = {
         "Op.Create registers a reduction function with this rank's MPI: a local call",
     ("minidp/comm/wire.py", "free", "Free"):
         "Op.Free releases that function: a local call",
+    ("minidp/reporting/shm.py", "__init__", "Lock"):
+        "threading.Lock makes a Python lock of this process: not MPI",
 }
 
 
