@@ -37,6 +37,10 @@ CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 SUBDIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+LEAVE_IT = ("minidp never follows, replaces or removes what it did not write: move it away, or "
+            "choose another directory")
+
+
 class WrongKind(OSError):
     """A name holds something minidp did not write there (a link, a directory, a FIFO...).
 
@@ -110,11 +114,13 @@ class Directory:
         """Every entry of the directory, sorted."""
         return sorted(os.listdir(self.fd))
 
+    def not_minidps(self, name: str, found: str, wanted: str = REGULAR) -> str:
+        """``'PATH' is FOUND, not WANTED that minidp wrote``: what is wrong with ``name``."""
+        return f"'{self.path(name)}' is {found}, not {wanted} that minidp wrote"
+
     def wrong_kind(self, name: str, found: str, wanted: str = REGULAR) -> WrongKind:
         """The error for ``name`` holding ``found`` where minidp wants ``wanted``."""
-        return WrongKind(f"'{self.path(name)}' is {found}, not {wanted} that minidp wrote; "
-                         "minidp never follows, replaces or removes what it did not write: "
-                         "move it away")
+        return WrongKind(f"{self.not_minidps(name, found, wanted)}; {LEAVE_IT}")
 
     def _expect(self, name: str, wanted: str) -> os.stat_result:
         found = self.lstat(name)

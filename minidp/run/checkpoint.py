@@ -64,7 +64,7 @@ import numpy as np
 
 from minidp.comm import Topology, guard
 from minidp.io.atomic import write_failed
-from minidp.io.nofollow import Directory, WrongKind
+from minidp.io.nofollow import REGULAR, Directory, WrongKind
 from minidp.run import rank_file
 from minidp.run.compatible import FORMAT, check_meta, check_resumable
 from minidp.run.errors import UsageError
@@ -126,9 +126,11 @@ def _inspect(ck: Directory, entry: str, run_id: str) -> Found | str:
     try:
         with ck.child(entry) as d:
             meta = json.loads(d.read(META, META_LIMIT))
-            others = [e for e in d.names() if not _owned(e)]
+            others = [e for e in d.names() if not (_owned(e) and d.kind(e) == REGULAR)]
     except FileNotFoundError:
         return f"it has no {META}"
+    except WrongKind:
+        return f"its {META} is {d.kind(META)}"
     except (OSError, ValueError) as exc:
         return f"its {META} is unreadable ({exc})"
     if not isinstance(meta, dict) or not isinstance(meta.get("checksum"), int) \
@@ -144,13 +146,24 @@ def _inspect(ck: Directory, entry: str, run_id: str) -> Found | str:
     return Found(entry, meta, others)
 
 
+def _scratch_problem(ck: Directory, entry: str) -> str | None:
+    """Why the run's scratch name ``entry`` holds something that is not minidp's, or None."""
+    kind = ck.kind(entry)
+    if kind != "a directory":
+        return ck.not_minidps(entry, kind or "", "a directory")
+    with ck.child(entry) as d:
+        others = [e for e in d.names() if not (_owned(e) and d.kind(e) == REGULAR)]
+    return (f"'{ck.path(entry)}' holds {', '.join(others)}, which minidp did not write"
+            if others else None)
+
+
 def survey(run: Directory, run_id: str) -> Checkpoints:
     """This run's checkpoints in the run directory ``run``, and what is in their way."""
     kind = run.kind(DIRECTORY)
     if kind is None:
         return Checkpoints()
     if kind != "a directory":
-        return Checkpoints(problems=[str(run.wrong_kind(DIRECTORY, kind, "a directory"))])
+        return Checkpoints(problems=[run.not_minidps(DIRECTORY, kind, "a directory")])
     with run.child(DIRECTORY) as ck:
         return _survey_in(ck, run_id)
 
@@ -161,9 +174,9 @@ def _survey_in(ck: Directory, run_id: str) -> Checkpoints:
     scratch = re.compile(rf"({NAME.pattern})\.(tmp|old)-{re.escape(run_id)}")
     for entry in ck.names():
         if scratch.fullmatch(entry):
-            if ck.kind(entry) != "a directory":
-                result.problems.append(str(ck.wrong_kind(entry, ck.kind(entry) or "",
-                                                         "a directory")))
+            problem = _scratch_problem(ck, entry)
+            if problem:
+                result.problems.append(problem)
             else:
                 result.scratch.append(entry)
         elif NAME.fullmatch(entry):
@@ -197,7 +210,7 @@ def discard(ck: Directory, entry: str) -> None:
     """
     with ck.child(entry) as d:
         for inside in d.names():
-            if _owned(inside):
+            if _owned(inside) and d.kind(inside) == REGULAR:
                 d.remove_file(inside)
         left = d.names()
     if left:
@@ -373,16 +386,19 @@ def load(out: str, run_id: str, topology: Topology, config: dict[str, Any], expe
         raise UsageError(found)
     latest, meta = found
     source = topology.rank if meta["world_size"] == topology.size else 0
-    path = os.path.join(latest, f"rank-{source:05d}.npz")
+    own = f"rank-{source:05d}.npz"
+    path = os.path.join(latest, own)
+    loaded, problems = None, ["it is missing"]
     try:
-        with _open_checkpoints(out) as ck, ck.child(meta["name"]) as d, \
-                d.open_read(os.path.basename(path)) as f:
-            loaded, problems = rank_file.read(f, expected, meta, source, check_state)
-    except FileNotFoundError:
-        loaded, problems = None, ["it is missing"]
-    except OSError as exc:  # minidp's own message names the path; the system's: its reason
-        loaded, problems = None, [str(exc) if exc.errno is None else
-                                  f"it cannot be read ({exc.strerror})"]
+        with _open_checkpoints(out) as ck, ck.child(meta["name"]) as d:
+            kind = d.kind(own)
+            if kind not in (None, REGULAR):
+                problems = [f"it is {kind}, not a regular file that minidp wrote"]
+            elif kind is not None:
+                with d.open_read(own) as f:
+                    loaded, problems = rank_file.read(f, expected, meta, source, check_state)
+    except OSError as exc:  # the checkpoint's directory swapped meanwhile, say
+        problems = [str(exc) if exc.errno is None else f"it cannot be read ({exc.strerror})"]
     _agree_loaded(world, path, problems)
     try:
         restore(meta, *loaded)
@@ -395,10 +411,7 @@ def load(out: str, run_id: str, topology: Topology, config: dict[str, Any], expe
 
 def _agree_loaded(world: Any, path: str, problems: list[str]) -> None:
     """Every rank's problems with its file, as one error on every rank."""
-    mine = None
-    if problems:  # a problem of minidp's own wording may name the file already
-        told = problems[0].startswith(f"'{path}'")
-        mine = "; ".join(problems) if told else f"'{path}': {'; '.join(problems)}"
+    mine = f"'{path}': {'; '.join(problems)}" if problems else None
     every = [p for p in guard.allgather_object(world, mine, "checkpoint loaded") if p]
     if every:
         more = f" (and {len(every) - 1} more rank file(s))" if len(every) > 1 else ""
@@ -417,7 +430,8 @@ def _latest(out: str, run_id: str, config: dict[str, Any], topology: Topology,
                          f"{exc}") from None
     if checkpoints.problems:
         raise UsageError(f"--resume: {'; '.join(checkpoints.problems)}; minidp chooses only "
-                         "among the checkpoints it wrote: move that away")
+                         "among the checkpoints it wrote and never removes what it did not "
+                         "write: move that away")
     if not checkpoints.found:
         raise UsageError(f"--resume: no complete checkpoint of this run in "
                          f"'{os.path.join(out, DIRECTORY)}'")

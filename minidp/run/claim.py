@@ -52,6 +52,7 @@ from minidp.run.errors import UsageError
 MARKER = "minidp_run"  # run.json's key: the claim that makes a directory minidp's run
 LOCK = "run.json.lock"
 LOCK_WAIT_S = 30.0  # a decision takes milliseconds; removing a large run takes seconds
+UNREADABLE_S = 2.0  # a lock's holder writes it within microseconds of making it
 FREE, SELF, ALIVE, GONE, UNKNOWN = "free", "self", "alive", "gone", "unknown"
 FIELDS = {"run_id": str, "host": str, "pid": int, "time": str}  # every claim has these
 
@@ -199,7 +200,7 @@ def deciding(directory: Directory) -> Iterator[None]:
     Raises:
         UsageError: the lock is held too long, or left by a job that is gone or unknown.
     """
-    deadline = time.monotonic() + LOCK_WAIT_S
+    started = time.monotonic()
     me = json.dumps(this_process())
     while True:
         try:
@@ -215,7 +216,7 @@ def deciding(directory: Directory) -> Iterator[None]:
             if record == {}:  # removed meanwhile: try again at once
                 continue
             state = UNKNOWN if record is None else holder(dict(record, ended=None))
-            late = time.monotonic() > deadline
+            late = time.monotonic() - started > (LOCK_WAIT_S if record else UNREADABLE_S)
             if state == GONE or (late and state == UNKNOWN and record is not None):
                 where = "" if state == GONE else " on another host, where minidp cannot see it"
                 raise UsageError(
@@ -224,11 +225,15 @@ def deciding(directory: Directory) -> Iterator[None]:
                     + ("is no longer running" if state == GONE else "may have ended")
                     + f"; if no job is starting in '{directory.path()}', remove that file and "
                     "run again") from None
+            if late and record is None:
+                raise UsageError(f"'{directory.path(LOCK)}' is not a lock minidp can read (it "
+                                 "names no job); if no job is starting in "
+                                 f"'{directory.path()}', remove it and run again") from None
             if late:
-                who = describe(record) if record else "a job whose lock file is unreadable"
-                raise UsageError(f"--out '{directory.path()}': {who} has been opening it for "
-                                 f"over {LOCK_WAIT_S:.0f} s (it holds '{directory.path(LOCK)}');"
-                                 " wait for that job, or choose another --out") from None
+                raise UsageError(f"--out '{directory.path()}': {describe(record)} has been "
+                                 f"opening it for over {LOCK_WAIT_S:.0f} s (it holds "
+                                 f"'{directory.path(LOCK)}'); wait for that job, or choose "
+                                 "another --out") from None
             time.sleep(0.05)
     try:
         yield

@@ -77,7 +77,7 @@ def _regular(run: Directory, name: str, problems: list[str]) -> bool:
     """Whether ``name`` holds a regular file; anything else there is added to ``problems``."""
     kind = run.kind(name)
     if kind not in (None, REGULAR):
-        problems.append(str(run.wrong_kind(name, kind)))
+        problems.append(run.not_minidps(name, kind))
     return kind == REGULAR
 
 
@@ -94,7 +94,7 @@ def survey(run: Directory, run_id: str) -> Survey:
     found.checkpoints, found.scratch = ours.found, ours.scratch
     kind = run.kind(PARTS)
     if kind not in (None, "a directory"):
-        found.problems.append(str(run.wrong_kind(PARTS, kind, "a directory")))
+        found.problems.append(run.not_minidps(PARTS, kind, "a directory"))
     elif kind is not None:
         part = re.compile(rf"{PART.pattern}(\.tmp-{re.escape(run_id)})?")
         with run.child(PARTS) as parts:

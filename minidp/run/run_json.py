@@ -34,7 +34,7 @@ import minidp
 from minidp.comm import Communicator, guard, mpi_library, versions
 from minidp.comm.topology import machines
 from minidp.io.atomic import write_into
-from minidp.io.nofollow import Directory
+from minidp.io.nofollow import Directory, WrongKind
 from minidp.run import claim
 from minidp.run.claim import MARKER
 
@@ -52,6 +52,8 @@ def read(run: Directory) -> tuple[dict[str, Any] | None, str | None]:
         record = json.loads(run.read(RUN_JSON, LIMIT))
     except FileNotFoundError:
         return None, None
+    except WrongKind:
+        return None, f"'{run.path(RUN_JSON)}' is {run.kind(RUN_JSON)}"
     except (OSError, ValueError) as exc:
         return None, f"'{run.path(RUN_JSON)}' is unreadable ({exc})"
     if not isinstance(record, dict) or MARKER not in record:

@@ -46,7 +46,7 @@ import sys
 from typing import NamedTuple
 
 from minidp.comm import Communicator, guard
-from minidp.io.nofollow import Directory, kind_of
+from minidp.io.nofollow import LEAVE_IT, Directory, kind_of
 from minidp.run import checkpoint, claim, owned, run_json
 from minidp.run.claim import MARKER
 from minidp.run.errors import UsageError
@@ -129,7 +129,7 @@ def _decide_in(run: Directory, out: str, resume: str, overwrite: bool, base: str
     run_id = holder["run_id"]
     found = owned.survey(run, run_id)
     if found.problems:
-        raise UsageError(f"--out '{out}': {'; '.join(found.problems)}")
+        raise UsageError(f"--out '{out}': {'; '.join(found.problems)}; {LEAVE_IT}")
     if resume != "no" and found.checkpoints:
         _note_gone(out, holder, state)
         record[MARKER] = claim.new_claim(run_id)  # the run goes on: its id stays

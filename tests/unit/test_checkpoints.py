@@ -108,7 +108,8 @@ def test_a_checkpoint_of_another_run_is_never_chosen(tmp_path):
     assert str(info.value) == (
         f"--resume: '{tmp_path}/run/checkpoints/epoch-0009' is not a checkpoint of this run: it "
         f"was written by another run (run id {other!r}, this run's is {run_id!r}); minidp "
-        "chooses only among the checkpoints it wrote: move that away")
+        "chooses only among the checkpoints it wrote and never removes what it did not write: "
+        "move that away")
 
 
 def reseal(path, **changes):
@@ -185,9 +186,9 @@ FORGERIES = {
                        "it is unreadable (BadZipFile: Bad CRC-32"),
     "a link": (lambda d, o: (os.remove(d / "rank-00000.npz"),
                              os.symlink(o, d / "rank-00000.npz")),
-               "rank-00000.npz' is a symbolic link, not a regular file"),
+               "rank-00000.npz': it is a symbolic link, not a regular file that minidp wrote"),
     "a FIFO": (lambda d, o: (os.remove(d / "rank-00000.npz"), os.mkfifo(d / "rank-00000.npz")),
-               "rank-00000.npz' is a FIFO (named pipe)"),
+               "rank-00000.npz': it is a FIFO (named pipe), not a regular file"),
 }
 
 
