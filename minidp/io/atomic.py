@@ -73,7 +73,7 @@ def _create_temporary(directory: Directory, name: str, mode: str, tag: str | Non
 
 
 def write_into(directory: Directory, name: str, write: Callable[[Any], None],
-               mode: str = "w", tag: str | None = None) -> None:
+               mode: str = "w", tag: str | None = None, exclusive: bool = False) -> None:
     """Write ``directory/name`` atomically through ``write(file)``, never following a link.
 
     Args:
@@ -82,8 +82,11 @@ def write_into(directory: Directory, name: str, write: Callable[[Any], None],
         write: writes the contents into the open file (it may seek: ``mode`` "wb" allows it).
         mode: ``"w"`` (text) or ``"wb"`` (binary).
         tag: the temporary name's suffix (``NAME.tmp-TAG``); None: unique to this call.
+        exclusive: publish with ``link``, which never replaces: anything under ``name``
+            (even a link to nowhere) makes it fail with FileExistsError.
 
     Raises:
+        FileExistsError: ``exclusive``, and ``name`` was taken (the temporary file is gone).
         WriteFailed: the file could not be written, or ``name`` holds something that is
             not a regular file; the message names it.
     """
@@ -95,8 +98,15 @@ def write_into(directory: Directory, name: str, write: Callable[[Any], None],
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        directory.rename(tmp, name, replace_file=True)
-        tmp = None
+        if exclusive:
+            directory.link(tmp, name)
+        else:
+            directory.rename(tmp, name, replace_file=True)
+            tmp = None
+    except FileExistsError as exc:
+        if exclusive and tmp is not None:  # the name was taken: the caller's to report
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
+        raise write_failed(path, exc) from None
     except OSError as exc:
         raise write_failed(path, exc) from None
     finally:
@@ -105,7 +115,7 @@ def write_into(directory: Directory, name: str, write: Callable[[Any], None],
 
 
 def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w",
-                 tag: str | None = None) -> None:
+                 tag: str | None = None, exclusive: bool = False) -> None:
     """Write ``path`` through ``write(file)`` into a temporary file, then rename.
 
     The directory of ``path`` is followed (it is the caller's); the file's own name is
@@ -116,8 +126,10 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w",
         write: writes the contents into the open file (it may seek: ``mode`` "wb" allows it).
         mode: ``"w"`` (text) or ``"wb"`` (binary).
         tag: the temporary name's suffix; None: unique to this call.
+        exclusive: never replace: a file (or anything) under the name is a FileExistsError.
 
     Raises:
+        FileExistsError: ``exclusive``, and the name was taken.
         WriteFailed: the file could not be written; the message names it.
     """
     try:
@@ -125,4 +137,4 @@ def atomic_write(path: str, write: Callable[[Any], None], mode: str = "w",
     except OSError as exc:
         raise write_failed(path, exc) from None
     with directory:
-        write_into(directory, os.path.basename(path), write, mode, tag)
+        write_into(directory, os.path.basename(path), write, mode, tag, exclusive)

@@ -80,19 +80,8 @@ def write_claim(run: Directory, record: dict[str, Any], fresh: bool) -> None:
         fresh: no run.json may be there: it is made whole under a temporary name and
             linked (FileExistsError if one appeared); else the one there is replaced.
     """
-    run_id = record[MARKER]["run_id"]
-    if not fresh:
-        write_into(run, RUN_JSON, lambda f: json.dump(record, f, indent=1), tag=run_id)
-        return
-    tmp = f"{RUN_JSON}.tmp-{run_id}"
-    with run.create(tmp, "w") as f:
-        json.dump(record, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        run.link(tmp, RUN_JSON)
-    finally:
-        run.remove_file(tmp)
+    write_into(run, RUN_JSON, lambda f: json.dump(record, f, indent=1),
+               tag=record[MARKER]["run_id"], exclusive=fresh)
 
 
 def release(path: str, run_id: str) -> None:

@@ -77,10 +77,11 @@ def first_non_finite(model: layers.Module, field: str) -> str | None:
                  if not np.all(np.isfinite(getattr(p, field)))), None)
 
 
-def refuse_non_finite(model: layers.Module, topology: Topology, epoch: int, advice: str) -> None:
+def refuse_non_finite(model: layers.Module, topology: Topology, epoch: int,
+                      advice: Callable[[], str]) -> None:
     """Non-finite parameters on any rank are an error on every rank, never a checkpoint.
 
-    ``advice``: what to do instead (:func:`how_to_continue`).
+    ``advice()``: what to do instead (:func:`how_to_continue`), asked only then.
     """
     bad = first_non_finite(model, "data")
     worst = world_max(np.array([topology.rank if bad else -1.0]), topology,
@@ -89,7 +90,7 @@ def refuse_non_finite(model: layers.Module, topology: Topology, epoch: int, advi
         whose = (f"its parameter {bad!r} is" if bad else
                  f"rank {int(worst[0])}'s parameters are")
         raise FloatingPointError(f"rank {topology.rank}: not writing the checkpoint after "
-                                 f"epoch {epoch}: {whose} not finite; {advice}")
+                                 f"epoch {epoch}: {whose} not finite; {advice()}")
 
 
 def check_finite(model: layers.Module, topology: Topology, epoch: int, test_loss: float,
@@ -185,7 +186,8 @@ def save(out: str, run_id: str, epoch: int, topology: Topology, config: dict[str
         data: the dataset files' identity (``TrainingData.identity``), checked on resume.
         after_write: called once this rank's file is on disk (a fault injection point).
     """
-    refuse_non_finite(parts.model, topology, epoch, how_to_continue(out, run_id, config["lr"]))
+    refuse_non_finite(parts.model, topology, epoch,
+                      lambda: how_to_continue(out, run_id, config["lr"]))
     arrays = {k: np.array(v) for k, v in _arrays(parts).items()}
     state = {"lr": parts.optimizer.lr, "optimizer_step": parts.optimizer.step_count,
              "scheduler_step": parts.scheduler.last_step,
