@@ -34,7 +34,7 @@ import sys
 from spmd import ROOT, finish_job, start_job
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "quick")
-CASES = {"quick": 40, "long": 600}.get(PROFILE, 40)
+CASES = {"quick": 60, "long": 600}.get(PROFILE, 60)
 BATCH = 100  # cases per worker process (each case builds a Trainer: MPI's communicators
 # run out after some hundreds in one process)
 SEED = 40
