@@ -40,6 +40,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import secrets
 import socket
 import time
@@ -55,6 +56,7 @@ LOCK_WAIT_S = 30.0  # a decision takes milliseconds; removing a large run takes 
 UNREADABLE_S = 2.0  # a lock's holder writes it within microseconds of making it
 FREE, SELF, ALIVE, GONE, UNKNOWN = "free", "self", "alive", "gone", "unknown"
 FIELDS = {"run_id": str, "host": str, "pid": int, "time": str}  # every claim has these
+RUN_ID = re.compile(r"[0-9a-f]{16}")  # it goes into file names: nothing else is one
 
 
 def _now() -> str:
@@ -130,6 +132,8 @@ def problem(claim: Any) -> str | None:
     if not isinstance(claim.get("start_ticks", 0), int) or \
             not isinstance(claim.get("ended"), (str, type(None))):
         wrong += ["start_ticks or ended"]
+    if "run_id" not in wrong and not RUN_ID.fullmatch(claim["run_id"]):
+        wrong.append("run_id (16 hexadecimal digits)")
     return f"its {MARKER!r} entry has no valid {', '.join(wrong)}" if wrong else None
 
 
@@ -184,8 +188,9 @@ def _lock_holder(directory: Directory) -> dict[str, Any] | None:
         return {}
     except ValueError:
         return None
-    return record if isinstance(record, dict) and problem(dict(record, run_id="", ended=None)) \
-        is None else None
+    valid = isinstance(record, dict) and problem(dict(record, run_id="0" * 16, ended=None)) \
+        is None
+    return record if valid else None
 
 
 @contextlib.contextmanager

@@ -55,6 +55,7 @@ ABSENT = ["events.json", "trace-parts", "run.json.lock", f"{CK}/epoch-0003",
           f"{CK}/epoch-0002-batch-00001", "metrics.jsonl.tmp-RUN", f"{CK}/epoch-0003.tmp-RUN",
           f"{CK}/epoch-0001.old-RUN", "trace-parts/rank-00000.json"]
 WRONG_VALUES = [None, "x", "", [], {}, 1.5, -1, 0, True, 10**30, [1, "a"], {"a": None}]
+HOSTILE = ["../../../outside", "/etc", "a\nb", "epoch-0009"]  # strings where strings go
 
 
 def config(out, data_dir, seed=0, **kwargs):
@@ -117,7 +118,7 @@ def _wrong_type(value, rng):
     for key in path[:-1]:
         parent = parent[key]
     old = parent[path[-1]]
-    new = rng.choice([v for v in WRONG_VALUES if type(v) is not type(old)])
+    new = rng.choice([v for v in WRONG_VALUES if type(v) is not type(old)] + HOSTILE)
     parent[path[-1]] = new
     return value, f"{'/'.join(map(str, path))}: {old!r:.40} -> {new!r}"
 

@@ -15,6 +15,7 @@ from minidp.run.files import RunFiles
 
 WORLD = MPI.COMM_WORLD
 HOST = os.uname().nodename
+RUN_ID = "0123456789abcdef"
 
 
 def opened(out, resume="no", overwrite=False, **kwargs):
@@ -248,6 +249,19 @@ def test_a_live_jobs_directory_is_refused_naming_it_and_a_gone_ones_taken_over(t
         opened(out, "no", True)
 
 
+def test_a_run_id_is_never_a_path(tmp_path):
+    """The run's id goes into file names: a hand-made one with a '/' would lead out."""
+    out = tmp_path / "run"
+    released(out)
+    record = run_json.read_run_json(str(out))
+    record[claim.MARKER]["run_id"] = "../../outside"
+    (out / "run.json").write_text(json.dumps(record))
+    with pytest.raises(UsageError, match=r"no run of minidp's \('.*run.json': its 'minidp_run' "
+                                         r"entry has no valid run_id \(16 hexadecimal digits\)"):
+        opened(out, "no", True)
+    assert os.listdir(tmp_path) == ["run"]
+
+
 def test_a_requeued_slurm_job_takes_over_its_earlier_run(tmp_path, monkeypatch):
     out = tmp_path / "run"
     released(out)
@@ -357,7 +371,7 @@ def test_an_unwritable_out_is_one_line_naming_it_and_what_to_do(tmp_path):
 def test_run_json_records_the_start_and_every_resume(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     config = {"model": "mlp", "epochs": 2}
-    run_json.write_run_json(str(tmp_path), "abc", config, WORLD, 1)
+    run_json.write_run_json(str(tmp_path), RUN_ID, config, WORLD, 1)
     first = json.loads((tmp_path / "run.json").read_text())
     assert first["config"] == config and first["world_size"] == 1
     assert first["ranks_per_node"] == 1 and first["slurm_job_id"] == "4242"
@@ -366,12 +380,12 @@ def test_run_json_records_the_start_and_every_resume(tmp_path, monkeypatch):
     assert first["start_time"].endswith("+00:00")
     assert first["git_commit"] is None or len(first["git_commit"]) == 40
     held = first[claim.MARKER]
-    assert (held["pid"], held["run_id"], held["host"], held["ended"]) == (os.getpid(), "abc",
+    assert (held["pid"], held["run_id"], held["host"], held["ended"]) == (os.getpid(), RUN_ID,
                                                                           HOST, None)
     assert held["start_ticks"] == claim.process_start(os.getpid())[0]
-    run_json.write_run_json(str(tmp_path), "abc", dict(config, epochs=4), WORLD, 1,
+    run_json.write_run_json(str(tmp_path), RUN_ID, dict(config, epochs=4), WORLD, 1,
                             resumed_from=2)
-    run_json.write_run_json(str(tmp_path), "abc", dict(config, epochs=4, lr=0.01), WORLD, 1,
+    run_json.write_run_json(str(tmp_path), RUN_ID, dict(config, epochs=4, lr=0.01), WORLD, 1,
                             resumed_from=3)
     again = json.loads((tmp_path / "run.json").read_text())
     assert again["start_time"] == first["start_time"] and again["config"] == config
@@ -379,7 +393,7 @@ def test_run_json_records_the_start_and_every_resume(tmp_path, monkeypatch):
     assert [(r["from_epoch"], r["config"]["epochs"], r["changed"]) for r in again["resumed"]] \
         == [(2, 4, {"epochs": [2, 4]}), (3, 4, {"lr": [None, 0.01]})]
     assert [n for n in os.listdir(tmp_path) if "tmp" in n] == []
-    run_json.release(str(tmp_path), "abc")
+    run_json.release(str(tmp_path), RUN_ID)
     assert json.loads((tmp_path / "run.json").read_text())[claim.MARKER]["ended"]
 
 
