@@ -26,14 +26,14 @@ def data_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("data"))
 
 
-def train(args, nprocs, data_dir, timeout=180, env=None):
+HANG_S = 900  # a hang guard for one job, never a bound a test asserts: a loaded machine
+# may take minutes where an idle one takes seconds
+
+
+def train(args, nprocs, data_dir, timeout=HANG_S, env=None):
     if "--batch-size" not in args and "--global-batch-size" not in args:
         args = args + ["--batch-size", "16"]
     return run_spmd(QUICK + ["--data-dir", data_dir] + args, nprocs, timeout=timeout, env=env)
-
-
-HANG_S = 900  # a hang guard for one job, never a bound a test asserts: a loaded machine
-# may take minutes where an idle one takes seconds
 
 
 def start_here(args, cwd, data_dir, env=None):
@@ -136,7 +136,7 @@ def test_bad_input_is_a_clear_error_and_a_nonzero_exit(tmp_path, data_dir, args,
     toml = tmp_path / "run.toml"
     toml.write_text('nesterov = "false"\n')
     args = [str(toml) if a == "{toml}" else a for a in args]
-    launch = train(args + ["--out", str(tmp_path / "bad")], nprocs, data_dir, timeout=90)
+    launch = train(args + ["--out", str(tmp_path / "bad")], nprocs, data_dir)
     ended_alike(launch, 2)
     assert message in launch.output
     assert launch.output.count("error: ") == 1, launch.output  # every rank alike: rank 0's
@@ -179,7 +179,7 @@ def test_bad_input_issue_29_lists_is_one_line_and_status_2(tmp_path, data_dir, a
         assert status == 2 and "Traceback" not in output, output
         assert output.strip().splitlines()[-1].startswith(message), output
     else:
-        launch = train(args, nprocs, data_dir, timeout=90, env=env)
+        launch = train(args, nprocs, data_dir, env=env)
         ended_alike(launch, 2)
         assert message in launch.output and launch.output.count("error: ") == 1, launch.output
     assert not os.path.exists(tmp_path / "bad")  # refused before the directory was claimed
@@ -262,7 +262,7 @@ def test_resume_auto_starts_then_continues(tmp_path, data_dir):
 def test_a_bad_environment_variable_is_a_user_error_not_a_crash(tmp_path, data_dir):
     env = {"MINIDP_COMM_TIMEOUT": "5m"}
     proc = subprocess.run([sys.executable, "-m", "minidp", "--help"], cwd=ROOT, text=True,
-                          env=dict(os.environ, **env), capture_output=True, timeout=60)
+                          env=dict(os.environ, **env), capture_output=True, timeout=HANG_S)
     assert proc.returncode == 0 and "train" in proc.stdout, proc.stderr
     status, output = train_here([], str(tmp_path), data_dir, env=env)
     assert status == 2
@@ -281,7 +281,8 @@ def test_console_script_is_python_m_mpi4py_m_minidp():
     assert name == "minidp" and function == "console"
     console = getattr(importlib.import_module(module), function)
     launch = run_spmd(["-c", "import sys; from minidp.__main__ import console; "
-                       "sys.argv[1:] = ['info']; console()"], 2, under_mpi4py=False, timeout=60)
+                       "sys.argv[1:] = ['info']; console()"], 2, under_mpi4py=False,
+                       timeout=HANG_S)
     assert launch.returncode == 0, launch.output
     assert launch.output.count('"mpi_world_size": 2') == 2 and callable(console)
 
@@ -378,7 +379,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_tmp(tmp_path, dat
     assert status == 0, output
     limited = ["tests/scripts/train_file_limit.py", str(3_000_000), *QUICK[2:], "--data-dir",
                data_dir, "--batch-size", "16", *job, "--resume", "--stop-after", "1"]
-    launch = run_spmd(limited, 2, timeout=120)
+    launch = run_spmd(limited, 2, timeout=HANG_S)
     ended_alike(launch, 2)
     assert launch.output.count("error: ") == 1, launch.output
     run_id = json.load(open(os.path.join(out, "run.json")))["minidp_run"]["run_id"]
