@@ -16,10 +16,10 @@ Layout under ``--out``::
                                            (:mod:`minidp.run.stopping`); the rank files also
                                            hold the partial epoch's loss sums
 
-**Whose it is.** A checkpoint is this run's when its name is exactly a checkpoint's
-(:data:`NAME`), it is a directory (not a link), and its ``meta.json`` is a regular file
-that matches its CRC and names this run's id (:mod:`minidp.run.claim`) and this name
-(:func:`survey`). Nothing else in ``checkpoints/`` is ever chosen, rotated or removed:
+**Whose it is** (:mod:`minidp.run.owned`). A checkpoint is this run's when its name is
+exactly a checkpoint's, it is a directory (not a link), and its ``meta.json`` is a
+regular file that matches its CRC and names this run's id (:mod:`minidp.run.claim`) and
+this name. Nothing else in ``checkpoints/`` is ever chosen, rotated or removed:
 a user's copies kept beside them (``epoch-0003-copy``, ``best/``) stay as they are, and
 an entry under one of minidp's exact names that is not this run's checkpoint (another
 run's, a file, a link, a damaged record) makes the run refuse to start, naming it;
@@ -52,11 +52,8 @@ is the state restored; any problem is one error on every rank, naming the file.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -65,158 +62,19 @@ import numpy as np
 from minidp.comm import Topology, guard
 from minidp.io.atomic import write_failed
 from minidp.io.nofollow import REGULAR, Directory, WrongKind
-from minidp.run import rank_file
-from minidp.run.compatible import FORMAT, check_meta, check_resumable
+from minidp.run import owned, rank_file
+from minidp.run.compatible import FORMAT, check_meta, check_resumable, checksum
 from minidp.run.errors import UsageError
 from minidp.run.files import agree
+from minidp.run.owned import DIRECTORY, META
 from minidp.run.rank_file import Expected
 
 KEEP = 2
-DIRECTORY, META = "checkpoints", "meta.json"
-NAME = re.compile(r"epoch-\d{4,}(-batch-\d{5,})?")
-RANK_FILE = re.compile(r"rank-\d{5,}\.npz")
-META_LIMIT = 1 << 26  # bytes of a record; minidp's are kilobytes (one row per epoch)
 
 
 def name(epoch: int, batch: int = 0) -> str:
     """The directory name of the checkpoint after ``epoch`` epochs and ``batch`` batches."""
     return f"epoch-{epoch:04d}" + (f"-batch-{batch:05d}" if batch else "")
-
-
-def checksum(meta: dict[str, Any]) -> int:
-    """CRC-32 of the record without its ``checksum`` (keys sorted, floats as JSON writes them)."""
-    rest = {k: v for k, v in meta.items() if k != "checksum"}
-    return zlib.crc32(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode())
-
-
-@dataclasses.dataclass
-class Found:
-    """One checkpoint of this run: its directory name, record, and entries not minidp's."""
-
-    name: str
-    meta: dict[str, Any]
-    others: list[str]
-
-
-@dataclasses.dataclass
-class Checkpoints:
-    """What ``checkpoints/`` holds of this run (:func:`survey`).
-
-    Attributes:
-        found: this run's checkpoints, least recently written first.
-        problems: every entry under one of minidp's exact names that is not this run's
-            (the run refuses to start while there is one), as a sentence naming it.
-        scratch: this run's scratch directories (``NAME.tmp-RUNID``, ``NAME.old-RUNID``).
-    """
-
-    found: list[Found] = dataclasses.field(default_factory=list)
-    problems: list[str] = dataclasses.field(default_factory=list)
-    scratch: list[str] = dataclasses.field(default_factory=list)
-
-
-def _owned(entry: str) -> bool:
-    return entry == META or bool(RANK_FILE.fullmatch(entry))
-
-
-def _inspect(ck: Directory, entry: str, run_id: str) -> Found | str:
-    """``entry`` as this run's checkpoint, or why it is not one."""
-    kind = ck.kind(entry)
-    if kind != "a directory":
-        return f"it is {kind}"
-    try:
-        with ck.child(entry) as d:
-            meta = json.loads(d.read(META, META_LIMIT))
-            others = [e for e in d.names() if not (_owned(e) and d.kind(e) == REGULAR)]
-    except FileNotFoundError:
-        return f"it has no {META}"
-    except WrongKind:
-        return f"its {META} is {d.kind(META)}"
-    except (OSError, ValueError) as exc:
-        return f"its {META} is unreadable ({exc})"
-    if not isinstance(meta, dict) or not isinstance(meta.get("checksum"), int) \
-            or not isinstance(meta.get("sequence"), int):
-        return (f"its {META} has no run id, sequence or checksum (an older minidp's, or not "
-                "minidp's)")
-    if meta["checksum"] != checksum(meta):
-        return (f"its {META} does not match its checksum (changed or damaged since it was "
-                "written)")
-    if meta.get("run_id") != run_id:
-        return (f"it was written by another run (run id {meta.get('run_id')!r}, this run's is "
-                f"{run_id!r})")
-    return Found(entry, meta, others)
-
-
-def _scratch_problem(ck: Directory, entry: str) -> str | None:
-    """Why the run's scratch name ``entry`` holds something that is not minidp's, or None."""
-    kind = ck.kind(entry)
-    if kind != "a directory":
-        return ck.not_minidps(entry, kind or "", "a directory")
-    with ck.child(entry) as d:
-        others = [e for e in d.names() if not (_owned(e) and d.kind(e) == REGULAR)]
-    return (f"'{ck.path(entry)}' holds {', '.join(others)}, which minidp did not write"
-            if others else None)
-
-
-def survey(run: Directory, run_id: str) -> Checkpoints:
-    """This run's checkpoints in the run directory ``run``, and what is in their way."""
-    kind = run.kind(DIRECTORY)
-    if kind is None:
-        return Checkpoints()
-    if kind != "a directory":
-        return Checkpoints(problems=[run.not_minidps(DIRECTORY, kind, "a directory")])
-    with run.child(DIRECTORY) as ck:
-        return _survey_in(ck, run_id)
-
-
-def _survey_in(ck: Directory, run_id: str) -> Checkpoints:
-    """:func:`survey` of the open ``checkpoints/`` directory ``ck``."""
-    result = Checkpoints()
-    scratch = re.compile(rf"({NAME.pattern})\.(tmp|old)-{re.escape(run_id)}")
-    for entry in ck.names():
-        if scratch.fullmatch(entry):
-            problem = _scratch_problem(ck, entry)
-            if problem:
-                result.problems.append(problem)
-            else:
-                result.scratch.append(entry)
-        elif NAME.fullmatch(entry):
-            found = _inspect(ck, entry, run_id)
-            if isinstance(found, Found):
-                result.found.append(found)
-            else:
-                result.problems.append(f"'{ck.path(entry)}' is not a checkpoint of this run: "
-                                       f"{found}")
-    result.found.sort(key=lambda f: (f.meta["sequence"], f.name))
-    return result
-
-
-def written(out: str, run_id: str | None) -> list[str]:
-    """This run's checkpoint directories in ``out``, oldest first ([] when none can be read)."""
-    if run_id is None:
-        return []
-    try:
-        with Directory.open(out) as run:
-            found = survey(run, run_id).found
-    except OSError:
-        return []
-    return [os.path.join(out, DIRECTORY, f.name) for f in found]
-
-
-def discard(ck: Directory, entry: str) -> None:
-    """Remove the directory ``entry`` that minidp made: its files, then itself.
-
-    Raises:
-        WrongKind: it holds something minidp did not write (which stays, as it is).
-    """
-    with ck.child(entry) as d:
-        for inside in d.names():
-            if _owned(inside) and d.kind(inside) == REGULAR:
-                d.remove_file(inside)
-        left = d.names()
-    if left:
-        raise WrongKind(f"'{ck.path(entry)}' holds {', '.join(left)}, which minidp did not "
-                        "write; move them away")
-    ck.remove_dir(entry)
 
 
 def _named(path: str, write: Callable[[], Any]) -> Any:
@@ -260,9 +118,9 @@ def save(out: str, run_id: str, epoch: int, topology: Topology, arrays: dict[str
         if rank == 0:
             with _named(root, lambda: _open_checkpoints(out, create=True)) as ck:
                 if ck.kind(tmp) is not None:
-                    _named(ck.path(tmp), lambda: discard(ck, tmp))
+                    _named(ck.path(tmp), lambda: owned.discard(ck, tmp))
                 _named(ck.path(tmp), lambda: ck.mkdir(tmp))
-                found = _survey_in(ck, run_id).found
+                found = owned.checkpoints_in(ck, run_id).found
                 sequence[0] = max((f.meta["sequence"] for f in found), default=0) + 1
 
     def write_own() -> None:
@@ -289,9 +147,9 @@ def save(out: str, run_id: str, epoch: int, topology: Topology, arrays: dict[str
             _named(os.path.join(root, tmp, META), lambda: _write_meta(ck, tmp, record))
             _named(ck.path(final), lambda: _publish(ck, tmp, final, old, run_id))
             # Past the KEEP newest: never the one just written, nor one holding a user's file.
-            for f in _survey_in(ck, run_id).found[:-KEEP]:
+            for f in owned.checkpoints_in(ck, run_id).found[:-KEEP]:
                 if f.name != final and not f.others:
-                    _named(ck.path(f.name), lambda f=f: retire(ck, f.name, run_id))
+                    _named(ck.path(f.name), lambda f=f: owned.retire(ck, f.name, run_id))
 
     try:
         agree(world, rank, start)  # each step agreed by every rank
@@ -303,7 +161,7 @@ def save(out: str, run_id: str, epoch: int, topology: Topology, arrays: dict[str
             try:
                 with _open_checkpoints(out) as ck:
                     if ck.kind(tmp) is not None:
-                        discard(ck, tmp)
+                        owned.discard(ck, tmp)
             except OSError:
                 pass  # the failure itself (a removed directory, say) is what is reported
         raise
@@ -322,30 +180,17 @@ def _write_meta(ck: Directory, tmp: str, record: dict[str, Any]) -> None:
 def _publish(ck: Directory, tmp: str, final: str, old: str, run_id: str) -> None:
     """Rename the scratch directory ``tmp`` to ``final``; this run's ``final`` is replaced."""
     if ck.kind(final) is not None:  # this run's own (the survey at the start refused others)
-        found = _inspect(ck, final, run_id)
-        if not isinstance(found, Found):
+        found = owned.as_checkpoint(ck, final, run_id)
+        if not isinstance(found, owned.Found):
             raise WrongKind(f"'{ck.path(final)}' is not a checkpoint of this run ({found}); "
                             "minidp does not replace it: move it away")
         if ck.kind(old) is not None:
-            discard(ck, old)
+            owned.discard(ck, old)
         ck.rename(final, old)
     ck.rename(tmp, final)
     ck.fsync()
     if ck.kind(old) is not None:
-        discard(ck, old)
-
-
-def retire(ck: Directory, entry: str, run_id: str) -> None:
-    """Remove this run's checkpoint ``entry``.
-
-    It is renamed to a scratch name first, so a crash never leaves a checkpoint's name
-    without its record.
-    """
-    retired = f"{entry}.old-{run_id}"
-    if ck.kind(retired) is not None:
-        discard(ck, retired)
-    ck.rename(entry, retired)
-    discard(ck, retired)
+        owned.discard(ck, old)
 
 
 Restore = Callable[[dict[str, Any], dict[str, np.ndarray], dict[str, Any]], None]
@@ -424,7 +269,7 @@ def _latest(out: str, run_id: str, config: dict[str, Any], topology: Topology,
     """Rank 0: (directory, record) of this run's latest checkpoint, checked against the run."""
     try:
         with Directory.open(out) as run:
-            checkpoints = survey(run, run_id)
+            checkpoints = owned.survey_checkpoints(run, run_id)
     except OSError as exc:
         raise UsageError(f"--resume: '{os.path.join(out, DIRECTORY)}' cannot be read: "
                          f"{exc}") from None

@@ -24,6 +24,7 @@ Every problem found is listed in one message, each with both values.
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 from minidp.run.errors import UsageError
@@ -40,6 +41,12 @@ COMPUTATION = ("model", "dataset", "strategy", "options", "batch_size", "global_
                "ranks_per_node", "dtype", "allreduce")
 TOTAL_SCHEDULES = ("cosine", "step", "poly")  # their steps are counted from --epochs
 ANY_WORLD_SIZE = ("sync",)  # strategies whose replicas all hold the same state
+
+
+def checksum(meta: dict[str, Any]) -> int:
+    """CRC-32 of the record without its ``checksum`` (keys sorted, floats as JSON writes them)."""
+    rest = {k: v for k, v in meta.items() if k != "checksum"}
+    return zlib.crc32(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode())
 
 
 def is_int(value: Any) -> bool:

@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 from minidp.comm import Communicator, guard
 from minidp.io.nofollow import LEAVE_IT, Directory, kind_of
-from minidp.run import checkpoint, claim, owned, run_json
+from minidp.run import claim, owned, run_json
 from minidp.run.claim import MARKER
 from minidp.run.errors import UsageError
 
@@ -138,7 +138,7 @@ def _decide_in(run: Directory, out: str, resume: str, overwrite: bool, base: str
     who = claim.describe(holder)
     if resume == "yes":
         raise UsageError(f"--resume: no complete checkpoint of the run in "
-                         f"'{os.path.join(out, checkpoint.DIRECTORY)}'; allowed: the --out of a "
+                         f"'{os.path.join(out, owned.DIRECTORY)}'; allowed: the --out of a "
                          "run with --checkpoint-every, or --resume auto to start when there is "
                          "none")
     if resume == "auto":
@@ -164,7 +164,7 @@ def _open(out: str, resume: str, overwrite: bool, base: str) -> Opened:
     """Open (or make) ``out`` and decide under its claim's lock."""
     if resume == "yes" and not os.path.isdir(out):
         raise UsageError(f"--resume: no complete checkpoint in "
-                         f"'{os.path.join(out, checkpoint.DIRECTORY)}' ('{out}' is not a "
+                         f"'{os.path.join(out, owned.DIRECTORY)}' ('{out}' is not a "
                          "directory)")
     with Directory.open(out, create=True) as run, claim.deciding(run):
         return _decide_in(run, out, resume, overwrite, base)
@@ -219,7 +219,7 @@ def resumable(out: str | None, resume: str, base: str = "runs") -> str | None:
     except (UsageError, OSError):
         return None
     record = run_json.read_run_json(path)
-    written = checkpoint.written(path, record[MARKER]["run_id"]) if record else []
+    written = owned.written(path, record[MARKER]["run_id"]) if record else []
     return written[-1] if written else None
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from minidp import layers
 from minidp.comm import Topology, world_max
 from minidp.optim import LRScheduler, Optimizer
-from minidp.run import checkpoint
+from minidp.run import checkpoint, owned
 from minidp.run.compatible import is_int, is_number
 from minidp.strategies import Strategy
 
@@ -124,7 +124,7 @@ def how_to_continue(out: str, run_id: str, lr: float) -> str:
     Resume its last checkpoint (named) with a lower rate, or, with none, start the run
     over with one (``--overwrite``: the directory holds the diverged run).
     """
-    written = checkpoint.written(out, run_id)
+    written = owned.written(out, run_id)
     lower = f"--lr {lr / 10:g}"
     if written:
         return (f"the last checkpoint, '{written[-1]}', is finite: continue from it with a "

@@ -52,7 +52,7 @@ from minidp.optim import LRScheduler
 from minidp.run import faults, run_json, rundir
 from minidp.run import state as train_state
 from minidp.run.config import TrainConfig
-from minidp.run.console import Explainer, Progress, explain_steps
+from minidp.run.console import Explainer, Progress, explain_steps, first_line
 from minidp.run.files import RunFiles
 from minidp.run.flags import given_settings
 from minidp.run.replica import replica_for
@@ -167,10 +167,7 @@ class Trainer:
         self.files.agreed(run_json.write_run_json, c.out, self.run_id, dataclasses.asdict(c),
                           world, self.topology.local_size, start if resuming else None)
         if self.rank == 0:
-            partial = self.record.partial  # epochs are counted from 1, as the console does
-            where = (f"in epoch {start + 1}, after batch {partial['batch']}" if partial
-                     else f"after epoch {start}")
-            print(f"out: {c.out}" + (f" (resuming {where})" if resuming else ""), flush=True)
+            print(first_line(c.out, resuming, start, self.record.partial), flush=True)
         self.files.start_metrics(self.record.history)
         return start
 
@@ -399,7 +396,6 @@ class Trainer:
         return value
 
     def _how_to_continue(self) -> str:
-        """After a divergence: the checkpoint to resume with a lower rate, or how to start over."""
         return train_state.how_to_continue(self.config.out, self.run_id, self.config.lr)
 
     def _check_gradient(self, epoch: int, batch: int) -> None:

@@ -38,7 +38,7 @@ import traceback
 
 import numpy as np
 
-from minidp.run import checkpoint
+from minidp.run.compatible import checksum
 from minidp.run.config import TrainConfig
 from minidp.run.errors import UsageError
 from minidp.run.trainer import Trainer
@@ -131,7 +131,7 @@ def json_type(path, rng):
     value, what = _wrong_type(value, rng)
     sealed = path.endswith("meta.json") and isinstance(value, dict) and rng.random() < 0.5
     if sealed:  # past the checksum: the checks behind it are reached
-        value["checksum"] = checkpoint.checksum(value)
+        value["checksum"] = checksum(value)
     _replace(path, json.dumps(value).encode())
     return what + (" (resealed)" if sealed else "")
 

@@ -13,7 +13,8 @@ from mpi4py import MPI
 
 from minidp.comm import Topology
 from minidp.io.nofollow import Directory
-from minidp.run import checkpoint, run_json, rundir
+from minidp.run import checkpoint, owned, run_json, rundir
+from minidp.run.compatible import checksum
 from minidp.run.config import TrainConfig
 from minidp.run.errors import UsageError
 from minidp.run.state import STATE, state_problems
@@ -68,7 +69,7 @@ def test_pruning_follows_write_order_not_epoch_numbers(tmp_path):
     assert [m["sequence"] for m in metas] == [2, 3]
     assert metas[1]["config"]["model"] == "lenet5" and metas[1]["run_id"] == run_id
     with Directory.open(str(tmp_path)) as run:
-        assert [p.split(": ", 1)[1] for p in checkpoint.survey(run, run_id).problems] == [
+        assert [p.split(": ", 1)[1] for p in owned.survey_checkpoints(run, run_id).problems] == [
             "its meta.json has no run id, sequence or checksum (an older minidp's, or not "
             "minidp's)"] * 2
 
@@ -90,7 +91,7 @@ def test_rotation_and_resume_leave_a_users_copies_alone(tmp_path):
     assert sorted(os.listdir(ck)) == ["best", "epoch-0001.bak", "epoch-0002-copy", "epoch-0003",
                                       "epoch-0004", "epoch-0005"]
     assert sorted(os.listdir(ck / "epoch-0003")) == ["meta.json", "notes.txt", "rank-00000.npz"]
-    assert checkpoint.written(str(tmp_path), run_id) == [str(ck / f"epoch-{e:04d}")
+    assert owned.written(str(tmp_path), run_id) == [str(ck / f"epoch-{e:04d}")
                                                          for e in (3, 4, 5)]
     loaded = []
     meta = load(tmp_path, run_id, lambda m, a, s: loaded.append(a["params"].tolist()))
@@ -115,7 +116,7 @@ def test_a_checkpoint_of_another_run_is_never_chosen(tmp_path):
 def reseal(path, **changes):
     meta = json.loads(open(path).read())
     meta.update(changes)
-    meta["checksum"] = checkpoint.checksum(meta)
+    meta["checksum"] = checksum(meta)
     open(path, "w").write(json.dumps(meta))
 
 
