@@ -252,9 +252,9 @@ def test_labels_out_of_range_are_refused_when_decoded(tmp_path, arrays):
     path = write(tmp_path, arrays)
     patch_sealed(path, 68, (5).to_bytes(4, "little"))  # the header now claims 5 classes
     first = int(np.flatnonzero(y >= 5)[0])
-    with pytest.raises(ValueError, match=rf"d.mdp': dataset records: label {y[first]} "
-                                         rf"\(record {first} of this block\) is outside the "
-                                         r"allowed range \[0, 5\)"):
+    with pytest.raises(ValueError, match=rf"d.mdp': label {y[first]} of record {first} is "
+                                         r"outside the allowed range \[0, 5\) of the header's "
+                                         r"5 classes; the file's labels do not fit its header"):
         mdp.read_mdp(path)
     header = mdp.read_header(path)
     raw = np.fromfile(path, dtype=np.uint8, offset=mdp.HEADER_SIZE)
