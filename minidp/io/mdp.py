@@ -227,8 +227,10 @@ def label_problem(path: str, records: np.ndarray, header: Header,
         first: the index in the file of the first of ``records``, which follow it; or
             the index of each record (records read at scattered places).
     """
-    labels = records.reshape(-1).view(header.record_dtype)["y"]
-    bad = _label_out_of_range(labels, header.num_classes)
+    raw = records.reshape(-1)
+    if raw.dtype == np.uint8:  # a read cut short may end inside a record: whole ones only
+        raw = raw[:raw.size - raw.size % header.record_size]
+    bad = _label_out_of_range(raw.view(header.record_dtype)["y"], header.num_classes)
     if bad is None:
         return None
     record = int(first) + bad[0] if np.ndim(first) == 0 else int(first[bad[0]])

@@ -235,14 +235,17 @@ class Reader(abc.ABC):
         ranks compare (one small allgather per read), so all end with the same error,
         printed once, exit 2.
         """
-        problem = first_problem(self.comm, problem)
+        problem = first_problem(self.comm, problem, "dataset read whole")
         if problem:
             raise ValueError(f"rank {self.rank}: {problem}")
 
 
-def first_problem(comm: MPI.Comm, problem: str | None) -> str | None:
-    """The first rank's problem of ``comm`` (in rank order), the same on every rank, or None."""
-    problems = [p for p in guard.allgather_object(comm, problem, "dataset read whole") if p]
+def first_problem(comm: MPI.Comm, problem: str | None, operation: str) -> str | None:
+    """The first rank's problem of ``comm`` (in rank order), the same on every rank, or None.
+
+    ``operation`` names the step on the status board (a rank that never comes is named).
+    """
+    problems = [p for p in guard.allgather_object(comm, problem, operation) if p]
     return problems[0] if problems else None
 
 
@@ -306,7 +309,9 @@ class MPIIOReader(Reader):
         largest = -(-self.count // self.size)
         calls = -(-largest // per_piece)
         pieces = []
-        self.agree_whole(self.changed())
+        problem = first_problem(self.comm, self.changed(), "dataset file check")
+        if problem:  # on every rank alike, before anything is opened
+            raise ValueError(f"rank {self.rank}: {problem}")
         # Open, the reads and Close are collective: each is timed, naming a rank that
         # never comes. No try/finally: after a failed read the other ranks are not in a
         # Close, and the job ends.
@@ -381,7 +386,7 @@ class LeaderReader(Reader):
         guard.collective(node, "dataset window fence", self.window.Fence)
         problem = None
         if self.topology.is_leader:  # as in MPIIOReader.read_block: every step timed
-            problem = first_problem(leaders, self.changed())  # the leaders open it, or none
+            problem = first_problem(leaders, self.changed(), "dataset file check")
             if problem is None:
                 fh = open_for_blocks(leaders, self.path)
                 there = max(0, min(nbytes, fh.Get_size() - HEADER_SIZE - start * rs))

@@ -175,7 +175,7 @@ class TrainingData:
         for path, opened in self.stamps.items():
             problem = problem or changed(path, opened)
         if self.world is not None:
-            problem = first_problem(self.world, problem)
+            problem = first_problem(self.world, problem, "dataset files check")
         if problem:
             raise ValueError(f"rank {self.rank}: {problem}")
 
@@ -290,7 +290,7 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
             train_reader = open_reader(reader, train, topology.workers, seed, train_samples)
     except (OSError, ValueError) as exc:
         problem = re.sub(r"^rank \d+: ", "", str(exc))
-    problem = first_problem(topology.world, problem)
+    problem = first_problem(topology.world, problem, "dataset reader")
     if problem:
         raise ValueError(f"rank {topology.rank}: {problem}")
     tests = MPIIOReader(test, topology.world, limit=test_samples)
