@@ -198,15 +198,15 @@ def test_a_file_cut_short_after_it_was_opened_is_one_error_naming_the_bytes(work
     """
     path = make_file(workdir, f"cut-{kind}.mdp", COUNT)
     reader = open_kind(kind, path)
-    keep = COUNT - 3  # the last 3 records go: the last block (every reader's) is short
+    cut = mdp.HEADER_SIZE + (COUNT - 3) * 16 + 5  # inside a record: the last block is short
     comm.Barrier()  # every rank has opened it whole
     if comm.rank == 0:
-        os.truncate(path, mdp.HEADER_SIZE + keep * 16)
+        os.truncate(path, cut)
     comm.Barrier()
     reader.stamp = filesystem.stamp(path)  # the check before the read sees no change
     message = raised_on_every_rank_alike(reader)
     assert message.startswith(f"dataset file '{path}': reading bytes ")
-    assert message.endswith(f"found the file {mdp.HEADER_SIZE + keep * 16} bytes long: it is "
+    assert message.endswith(f"found the file {cut} bytes long: it is "
                             "shorter than its header says (truncated or replaced while the run "
                             "read it); prepare it again")
     if kind == "mpiio":  # the last rank reads the last block, from its first record
