@@ -44,14 +44,23 @@ def file_kind(mode: int) -> str:
             "a socket" if stat.S_ISSOCK(mode) else "a special file")
 
 
-def not_regular(path: str, mode: int) -> ValueError:
-    """The error for a dataset path that holds something other than a regular file."""
-    return ValueError(f"dataset file '{path}' is {file_kind(mode)}, not a regular file; "
-                      "allowed: an .mdp file (python -m minidp data prepare writes them)")
+MDP = ("dataset file", "an .mdp file (python -m minidp data prepare writes them)")
 
 
-def open_regular(path: str) -> BinaryIO:
+def not_regular(path: str, mode: int, kind: tuple[str, str] = MDP) -> ValueError:
+    """The error for a path that holds something other than a regular file.
+
+    ``kind``: what the file is, and what is allowed there, in words (for a dataset's
+    source: an IDX file, a CIFAR-10 batch).
+    """
+    return ValueError(f"{kind[0]} '{path}' is {file_kind(mode)}, not a regular file; "
+                      f"allowed: {kind[1]}")
+
+
+def open_regular(path: str, kind: tuple[str, str] = MDP) -> BinaryIO:
     """``path`` opened for binary reading, if it is a regular file; never blocks.
+
+    ``kind``: what the file is and what is allowed there, for the messages.
 
     Raises:
         FileNotFoundError: nothing is there (the message names the path).
@@ -61,17 +70,30 @@ def open_regular(path: str) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise FileNotFoundError(f"dataset file '{path}' does not exist") from None
+        raise FileNotFoundError(f"{kind[0]} '{path}' does not exist") from None
     except IsADirectoryError:
-        raise not_regular(path, stat.S_IFDIR) from None
+        raise not_regular(path, stat.S_IFDIR, kind) from None
     except OSError as exc:
-        raise OSError(exc.errno, f"dataset file '{path}' cannot be opened: "
-                                 f"{exc.strerror or exc}") from None
+        failed = OSError(f"{kind[0]} '{path}' cannot be opened: {exc.strerror or exc}")
+        failed.errno = exc.errno
+        raise failed from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise not_regular(path, mode)
+        raise not_regular(path, mode, kind)
     return os.fdopen(fd, "rb")
+
+
+def unreadable(path: str, exc: Exception) -> str:
+    """``exc``, raised while reading ``path``, as a message that names the file.
+
+    ``read`` reports ``[Errno 5] Input/output error`` without a path; minidp's own
+    errors name it already.
+    """
+    text = str(exc)
+    if f"'{path}'" in text:
+        return text
+    return f"dataset file '{path}' cannot be read: {getattr(exc, 'strerror', None) or text}"
 
 
 @dataclasses.dataclass(frozen=True)

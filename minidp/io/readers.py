@@ -41,7 +41,7 @@ from mpi4py import MPI
 from minidp import backend
 from minidp.comm import guard
 from minidp.comm.topology import Topology
-from minidp.io.filesystem import changed, open_regular, stamp_of
+from minidp.io.filesystem import changed, open_regular, stamp_of, unreadable
 from minidp.io.mdp import (
     HEADER_SIZE,
     Header,
@@ -94,19 +94,27 @@ def verify_checksum(path: str, header: Header, comm: MPI.Comm) -> None:
 
     Raises:
         ValueError: on every rank of ``comm``: the checksum differs (the message names the
-            file and the byte range, :func:`minidp.io.mdp.checksum_mismatch`).
+            file and the byte range, :func:`minidp.io.mdp.checksum_mismatch`), or a rank
+            could not read its block (the first such rank's error, naming the file).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     start, stop = block_range(rank, size, header.count)
     first, last = start * header.record_size, stop * header.record_size  # payload positions
-    mine = (0, 0)
-    with open_regular(path) as f:
-        f.seek(HEADER_SIZE + first)
-        for a in range(first, last, VERIFY_PIECE):
-            piece = np.frombuffer(f.read(min(VERIFY_PIECE, last - a)), np.uint8)
-            mine = add_checksums(mine, checksum(piece, a))
+    mine, problem = (0, 0), None
+    try:  # a rank that cannot read its block says so in the allgather, never alone
+        with open_regular(path) as f:
+            f.seek(HEADER_SIZE + first)
+            for a in range(first, last, VERIFY_PIECE):
+                piece = np.frombuffer(f.read(min(VERIFY_PIECE, last - a)), np.uint8)
+                mine = add_checksums(mine, checksum(piece, a))
+    except (OSError, ValueError) as exc:
+        problem = unreadable(path, exc)
+    parts = guard.allgather_object(comm, (mine, problem), "dataset checksum")
+    problems = [p for _, p in parts if p]
+    if problems:
+        raise ValueError(f"rank {rank}: {problems[0]}")
     total = (0, 0)
-    for part in guard.allgather_object(comm, mine, "dataset checksum"):
+    for part, _ in parts:
         total = add_checksums(total, part)
     if total != header.checksum:
         raise ValueError(f"rank {rank}: {checksum_mismatch(path, header, total)}")
@@ -267,7 +275,7 @@ class MemoryReader(Reader):
                     problem = self.short_read(HEADER_SIZE, HEADER_SIZE + wanted,
                                               HEADER_SIZE + raw.size)
         except (OSError, ValueError) as exc:
-            problem = str(exc)
+            problem = unreadable(path, exc)
         self.agree_whole(problem or label_problem(path, raw, self.header, 0))
         self.x, self.y = decode(raw, self.header)
 
