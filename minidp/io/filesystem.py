@@ -23,7 +23,9 @@ A run trusts a path three times, and each time the path could name something els
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import os
 import stat
 import zlib
@@ -200,9 +202,12 @@ def create_new(path: str, write: Callable[[BinaryIO], None]) -> None:
             os.fsync(f.fileno())
         os.link(tmp, path)  # fails on any existing name, and never follows a link there
     except FileExistsError:
-        raise FileExistsError(f"'{path}' appeared while minidp wrote it (another job?); "
-                              "minidp never replaces a file, it is left as it is") from None
+        taken = FileExistsError(f"'{path}' exists (it may have appeared while minidp wrote "
+                                "it); minidp never replaces a file, it is left as it is")
+        taken.errno = errno.EEXIST
+        raise taken from None
     except OSError as exc:
         raise write_failed(path, exc) from None
     finally:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):  # its directory may be gone
+            os.unlink(tmp)
