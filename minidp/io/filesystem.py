@@ -149,20 +149,24 @@ def stamp(path: str) -> Stamp:
         return stamp_of(f)
 
 
-def changed(path: str, opened: Stamp) -> str | None:
+def changed(path: str, opened: Stamp, now: Stamp | None = None) -> str | None:
     """Why ``path`` no longer names the file stamped ``opened``, or None if it still does.
 
-    The message names the file and what changed, and says what to do: the run stops
-    rather than read records other than those it checked (and its checkpoints record).
+    ``now``: the stamp of the file as it was just opened, if the caller holds it open
+    (else the path is stamped here). The message names the file and what changed, and
+    says what to do: the run stops rather than read records other than those it checked
+    (and its checkpoints record).
     """
-    try:
-        now = stamp(path)
-    except (OSError, ValueError) as exc:
-        found = [f"it cannot be read as it was ({exc})"]
-    else:
-        found = opened.differences(now)
-    if not found:
-        return None
+    if now is None:
+        try:
+            now = stamp(path)
+        except (OSError, ValueError) as exc:
+            return _changed(path, [f"it cannot be read as it was ({exc})"])
+    found = opened.differences(now)
+    return _changed(path, found) if found else None
+
+
+def _changed(path: str, found: list[str]) -> str:
     return (f"dataset file '{path}' changed while the run used it: {'; '.join(found)}. The "
             "run stops rather than read other records than those it opened and checked; put "
             "the file the run opened back under its name and resume from the last "

@@ -266,10 +266,9 @@ class MemoryReader(Reader):
         wanted = self.count * self.header.record_size
         raw, problem = np.empty(0, np.uint8), None
         try:
-            with open_regular(path) as f:
-                if stamp_of(f) != self.stamp:  # another file since the header was read
-                    problem = self.changed()
-                else:
+            with open_regular(path) as f:  # the file whose header was read, or an error
+                problem = changed(path, self.stamp, stamp_of(f))
+                if problem is None:
                     f.seek(HEADER_SIZE)
                     raw = np.fromfile(f, dtype=np.uint8, count=wanted)
                     problem = self.short_read(HEADER_SIZE, HEADER_SIZE + wanted,
