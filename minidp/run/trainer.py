@@ -47,7 +47,7 @@ from minidp.comm import (
     world_max,
 )
 from minidp.comm.network import COUNTED
-from minidp.io.training_data import open_training_data
+from minidp.io.training_data import Batches, open_training_data
 from minidp.optim import LRScheduler
 from minidp.run import faults, run_json, rundir
 from minidp.run import state as train_state
@@ -212,11 +212,13 @@ class Trainer:
         """
         tr, started = self.tracer, time.perf_counter()
         tr.reset()
+        with tr.phase("data"):  # the workers read; every rank checks the files (io/training_data)
+            batches = self.data.batches(epoch, self.batch_size, self.dtype, self.config.strategy)
         self.strategy.begin_epoch(epoch, self.batches)
         self.compute.model.train()
         self.compute.buffers_to_device()
         if self.is_worker:
-            done = self._work(epoch)
+            done = self._work(epoch, batches)
             self.compute.buffers_to_host()
             if done is None:  # the run's totals go on from here when it resumes
                 self._add_totals(time.perf_counter() - started)
@@ -257,15 +259,13 @@ class Trainer:
             totals[key] = totals.get(key, 0) + self.tracer.counters.get(key, 0)
         totals["elapsed_s"] += seconds
 
-    def _work(self, epoch: int) -> tuple[float, int, int] | None:
+    def _work(self, epoch: int, batches: Batches) -> tuple[float, int, int] | None:
         """A worker's epoch: batches of the sizes the strategy gives, until it says stop.
 
         Returns (loss sum, steps, samples), or None when every rank agreed to stop
         between batches on a signal (``self.record.partial`` then says where).
         """
         tr, record = self.tracer, self.record
-        with tr.phase("data"):
-            batches = self.data.batches(epoch, self.batch_size, self.dtype, self.config.strategy)
         loss_sum, steps, samples = 0.0, 0, 0
         if record.partial:  # resumed between batches: this epoch's first batches are done
             loss_sum, steps, samples = (record.partial[k] for k in ("loss_sum", "steps",
