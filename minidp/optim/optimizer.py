@@ -1,9 +1,13 @@
-"""Optimizer base: argument checks, the flat fast path, and optimizer state_dict.
+"""Optimizer base: argument checks, the learning rate, the flat fast path, state_dict.
 
 When the parameters are exactly a model's flat buffers (the default for minidp
 models), an optimizer updates them with one fused pass over the flat arrays; other
 parameter lists are updated one tensor at a time. State (momentum buffers) lives
 in one flat array either way, so it can be saved, restored and averaged whole.
+
+The optimizer owns the learning rate: ``lr`` is checked whenever it is set (by the
+constructor, an :class:`~minidp.optim.schedules.LRScheduler`, a checkpoint, a
+parameter server's own clock), and every update reads it from here.
 """
 
 from __future__ import annotations
@@ -42,12 +46,21 @@ class Optimizer(abc.ABC):
         for i, p in enumerate(self.params):
             if not isinstance(p, Parameter):
                 raise TypeError(f"params: item {i} is a {type(p).__name__}, not a Parameter")
-        self.lr = check_range("lr", lr, 0.0)
+        self.lr = lr
         self.step_count = 0
         self.flat = self._find_flat()
         sizes = [p.data.size for p in self.params]
         xp = backend.array_module(self.params[0].data)
         self._bind_state(xp.zeros(sum(sizes), dtype=self.params[0].data.dtype))
+
+    @property
+    def lr(self) -> float:
+        """The learning rate every update of this optimizer uses (a float >= 0)."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = check_range("lr", value, 0.0)
 
     def _find_flat(self) -> FlatParameters | None:
         flat = self.params[0].flat_owner
@@ -74,11 +87,14 @@ class Optimizer(abc.ABC):
 
     def step(self) -> None:
         """Apply one update from the current gradients."""
+        self._check_intact()
+        self._update()
+        self.step_count += 1
+
+    def _check_intact(self) -> None:
         if self.flat is not None and not self.flat.intact(self.params):
             raise RuntimeError("optimizer: the model's parameters were replaced after the "
                                "optimizer was built (e.g. by Module.to); build it afterwards")
-        self._update()
-        self.step_count += 1
 
     @abc.abstractmethod
     def _update(self) -> None:

@@ -129,13 +129,13 @@ def test_parts_stepped_one_by_one_give_the_whole_steps_bits(momentum, nesterov, 
         whole.flat_parameters().grad[...] = grad
         opt_whole.step()
         for part in (slice(0, n // 3), slice(n // 3, n)):
-            opt_parts.step_part(part, grad[part])
+            opt_parts.step(grad[part], part)
     np.testing.assert_array_equal(parts.flat_parameters().data, whole.flat_parameters().data)
     np.testing.assert_array_equal(opt_parts.state, opt_whole.state)
     assert opt_parts.step_count == 6  # counted per call: one call per rank and step
     x = parts.flat_parameters().data.copy()
     out = np.full(n // 2, np.nan, np.float32)
-    opt_parts.step_part(slice(0, n // 2), grad[:n // 2], out=out)
+    opt_parts.step(grad[:n // 2], slice(0, n // 2), out=out)
     np.testing.assert_array_equal(parts.flat_parameters().data, x)
     opt_whole.step()
     np.testing.assert_array_equal(out, whole.flat_parameters().data[:n // 2])
