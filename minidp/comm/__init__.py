@@ -22,6 +22,7 @@ from minidp.comm.levels import (
     node_broadcast,
     node_mean,
     node_slice_mean,
+    node_sync,
     rail_allreduce,
     rail_iallreduce,
     rail_mean,
@@ -37,6 +38,6 @@ from minidp.comm.topology import Communicator, Topology, mpi_library, versions
 __all__ = ["ALLREDUCE_ALGORITHMS", "AllreduceRequest", "Communicator", "NetworkModel",
            "NodeBuffer", "SharedArray", "Topology", "allreduce", "broadcast",
            "broadcast_object", "iallreduce", "mpi_library", "node_allreduce", "node_broadcast",
-           "node_mean", "node_slice_mean", "p2p", "rail_allreduce", "rail_iallreduce",
+           "node_mean", "node_slice_mean", "node_sync", "p2p", "rail_allreduce", "rail_iallreduce",
            "rail_mean", "rail_sum", "rail_sum_start", "set_network_model", "shared_buffer",
            "versions", "world_max", "world_mean"]

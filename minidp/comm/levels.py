@@ -15,6 +15,7 @@ A strategy's step calls them by what moves where, so that it reads as its paper:
     rail_sum_start(x, topology).wait()      the same, overlapped with the next batches
     rail_mean(x, topology)                  the rail's mean
     node_broadcast(x, topology, root)       local rank root's x to the node
+    node_sync(window, ...)                  stores into node windows seen by the node
 
 Each is the general call with its operation filled in (``allreduce(..., op="mean")``,
 ``node_allreduce``, ``rail_allreduce``, ``rail_iallreduce``); what they time, count,
@@ -33,7 +34,7 @@ from minidp.comm.allreducers import AllreduceRequest, Buffer, allreduce, check_b
 from minidp.comm.allreducers.base import node_bytes
 from minidp.comm.allreducers.hierarchical import NodeSlices, RailAllreduce
 from minidp.comm.network import charged
-from minidp.comm.shared import NodeBuffer
+from minidp.comm.shared import NodeBuffer, SharedArray
 from minidp.comm.topology import Topology
 
 
@@ -132,6 +133,15 @@ def rail_sum_start(buffer: np.ndarray, topology: Topology) -> AllreduceRequest:
 def rail_mean(buffer: np.ndarray, topology: Topology) -> np.ndarray:
     """``buffer`` <- its mean over this rank's rail (one rank per node), blocking."""
     return rail_allreduce(buffer, topology, op="mean")
+
+
+def node_sync(window: SharedArray, *others: SharedArray, what: str = "node_sync") -> None:
+    """Every rank's stores into these node windows made visible to the node: one barrier.
+
+    Timed as ``comm_intra`` under ``what`` (no bytes: the stores are the callers').
+    """
+    with charged("intra", what, 0, 0):
+        window.sync(*others)
 
 
 def node_broadcast(buffer: np.ndarray, topology: Topology, root: int) -> np.ndarray:

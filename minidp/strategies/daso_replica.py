@@ -31,8 +31,7 @@ model moves back into each rank's own arrays, and the momenta part from there.
 
 from __future__ import annotations
 
-from minidp.comm import SharedArray, node_slice_mean
-from minidp.comm.network import charged
+from minidp.comm import SharedArray, node_slice_mean, node_sync
 from minidp.strategies.base import Strategy
 from minidp.strategies.daso_schedule import BatchPlan
 from minidp.trace import tracer
@@ -129,5 +128,4 @@ class NodeReplica:
             d.mean_into(d.take_oldest().whole[0, part], send, out=x)
             d.record(batch, "broadcast", root=send.rail)  # Heat's, needless here
             d.check_finite(x)
-        with charged("intra", "replica_sync", 0, 0):  # the momentum's too: _unshare reads it
-            self.windows[0].sync(self.windows[1])
+        node_sync(*self.windows, what="replica_sync")  # the momentum's too: _unshare reads it
