@@ -5,9 +5,10 @@ models), an optimizer updates them with one fused pass over the flat arrays; oth
 parameter lists are updated one tensor at a time. State (momentum buffers) lives
 in one flat array either way, so it can be saved, restored and averaged whole.
 
-The optimizer owns the learning rate: ``lr`` is checked whenever it is set (by the
-constructor, an :class:`~minidp.optim.schedules.LRScheduler`, a checkpoint, a
-parameter server's own clock), and every update reads it from here.
+The optimizer owns the learning rate: ``lr`` is checked once, here, when the optimizer is
+built; a schedule sets it from then on (an :class:`~minidp.optim.schedules.LRScheduler`,
+or a parameter server's own clock), and every update reads it from here: no strategy
+holds a rate of its own.
 """
 
 from __future__ import annotations
@@ -46,21 +47,12 @@ class Optimizer(abc.ABC):
         for i, p in enumerate(self.params):
             if not isinstance(p, Parameter):
                 raise TypeError(f"params: item {i} is a {type(p).__name__}, not a Parameter")
-        self.lr = lr
+        self.lr = check_range("lr", lr, 0.0)
         self.step_count = 0
         self.flat = self._find_flat()
         sizes = [p.data.size for p in self.params]
         xp = backend.array_module(self.params[0].data)
         self._bind_state(xp.zeros(sum(sizes), dtype=self.params[0].data.dtype))
-
-    @property
-    def lr(self) -> float:
-        """The learning rate every update of this optimizer uses (a float >= 0)."""
-        return self._lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        self._lr = check_range("lr", value, 0.0)
 
     def _find_flat(self) -> FlatParameters | None:
         flat = self.params[0].flat_owner
