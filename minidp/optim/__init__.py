@@ -1,7 +1,8 @@
 """Local optimizers and learning-rate schedules (no MPI here: strategies wrap these).
 
-``sgd.py``: SGD, the update every strategy steps through (the whole model, a part of
-it, a server's shard; the rate is the optimizer's own). ``lars.py``: LARS, the trust
+``sgd.py``: SGD, the update every strategy steps through (``step``: the whole model;
+``update``: a part of it, a server's shard, another array; the rate is the optimizer's
+own). ``lars.py``: LARS, the trust
 ratio per parameter tensor. ``lookahead.py``: the look-ahead momentum of EAMSGD's
 workers. ``schedules.py``: the rate as a function of the step. ``make_optimizer``
 builds the one ``--optimizer`` names.

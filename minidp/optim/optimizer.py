@@ -63,7 +63,7 @@ class Optimizer(abc.ABC):
 
         Nothing is copied (the caller fills it first, or it holds the state already): DASO
         moves an identical node's momentum into one node window, where every rank updates
-        its slice (:meth:`SGD.step` of a part), and back when the node's momenta part.
+        its slice (:meth:`SGD.update` of a part), and back when the node's momenta part.
         """
         if buffer.shape != self.state.shape or buffer.dtype != self.state.dtype:
             raise ValueError(f"rebind_state: buffer has shape {buffer.shape} and dtype "

@@ -4,21 +4,22 @@ SGD (PyTorch's ``torch.optim.SGD`` with dampening 0)::
 
     d = g + wd*w;   buf = m*buf + d;   w -= lr * (d + m*buf  if nesterov else  buf)
 
-Every strategy updates through :meth:`SGD.step`: a synchronous replica steps its whole
-model from its (averaged) gradients; the others step a part of it or another array
-with a gradient they hold, and may leave the momentum out, as their papers do:
+Every strategy updates through this optimizer: a synchronous replica steps its whole
+model from its (averaged) gradients (:meth:`SGD.step`); the others step a part of it or
+another array with a gradient they hold, and may leave the momentum out, as their
+papers do (:meth:`SGD.update`):
 
 ==================================  ===================================================
-caller                              ``step(...)``
+caller                              call
 ==================================  ===================================================
 ``sync``, ``hsgd``, ``hbsgd``,      ``step()``: the model from ``flat.grad``
 ``daso``
-``daso``'s node replica             ``step(grad_slice, part)``: rank j's slice of the
+``daso``'s node replica             ``update(grad_slice, part)``: rank j's slice of the
                                     node's one copy (``out=``: into the send window)
-a parameter server (``asgd`` ...)   ``step(gradient, shard, momentum=..., lr_divisor=)``:
-                                    its shard, from a worker's pushed gradient
-the elastic workers (``easgd-*``)   ``step(momentum=False)``: plain SGD
-``hogwild``                         ``step(params=node_copy, momentum=False)``: the
+a parameter server (``asgd`` ...)   ``update(gradient, shard, momentum=...,
+                                    lr_divisor=...)``: its shard, from a worker's push
+the elastic workers (``easgd-*``)   ``update(momentum=False)``: plain SGD
+``hogwild``                         ``update(params=node_copy, momentum=False)``: the
                                     node's shared parameters, without a lock
 ==================================  ===================================================
 
@@ -57,12 +58,25 @@ class SGD(Optimizer):
             raise ValueError("nesterov: got True with momentum 0; Nesterov needs momentum > 0")
         self.nesterov = bool(nesterov)
 
-    def step(self, grad: Any = None, part: slice | None = None, *, params: Any = None,
-             out: Any = None, momentum: bool = True, lr_divisor: float = 1.0) -> None:
-        """One SGD step: the whole model from its gradients, or a part from a given gradient.
+    def step(self) -> None:
+        """One step of every parameter from its gradient (the module docstring's rule).
 
-        With no arguments: every parameter from its ``grad`` (what ``Optimizer.step``
-        does). The arguments need the model's flat buffers.
+        A model's flat buffers take one fused pass; other parameter lists are stepped
+        tensor by tensor (:meth:`_update`).
+        """
+        if self.flat is None:
+            super().step()
+            return
+        self._check_intact()
+        sgd_update(self.flat.data, self.flat.grad, self.state, self.lr, self.momentum,
+                   self.weight_decay, self.nesterov)
+        self.step_count += 1
+
+    def update(self, grad: Any = None, part: slice | None = None, *, params: Any = None,
+               out: Any = None, momentum: bool = True, lr_divisor: float = 1.0) -> None:
+        """One SGD step of a part of the model, or of another array, as a strategy asks.
+
+        Needs the model's flat buffers. With no arguments it is :meth:`step`.
 
         Args:
             grad: the gradient of ``part`` (None: the model's own, ``flat.grad[part]``).
@@ -78,15 +92,10 @@ class SGD(Optimizer):
 
         Every call is one counted step (DASO's replica: one call per rank and step).
         """
-        whole = grad is None and part is None and params is None and out is None
-        if self.flat is None and whole and momentum and lr_divisor == 1.0:
-            super().step()  # a list of tensors: one at a time (_update)
-            return
         if self.flat is None or not self.flat.intact(self.params):
             self._check_intact()
-            raise RuntimeError("SGD.step with a gradient, part, params or rate: needs the "
-                               "model's flat parameters (build the optimizer on "
-                               "model.parameters())")
+            raise RuntimeError("SGD.update: needs the model's flat parameters (build the "
+                               "optimizer on model.parameters())")
         every = slice(None) if part is None else part
         m = self.momentum if momentum else 0.0
         sgd_update(self.flat.data[every] if params is None else params,

@@ -13,8 +13,8 @@ from minidp.strategies.ps_base import ParameterServer
 class AsyncMomentumSGD(ParameterServer):
     """Asynchronous momentum SGD: as ``asgd``, with the momentum buffer kept at the server.
 
-    Update at the server (PyTorch's form, ``--momentum`` m, ``--nesterov``; ``SGD.step``
-    on the server's shard with its momentum)::
+    Update at the server (PyTorch's form, ``--momentum`` m, ``--nesterov``; ``SGD.update``
+    of the server's shard with its momentum)::
 
         buf <- m * buf + g;   w <- w - lr * buf
 

@@ -17,7 +17,7 @@ class AsyncSGD(ParameterServer):
 
     Communication: the pull/push protocol of :class:`ParameterServer` (numbered there).
     Update, at the server (``ParameterServer.on_gradient`` -> ``apply`` ->
-    ``SGD.step`` on its shard), for a gradient g pulled at version v_read::
+    ``SGD.update`` of its shard), for a gradient g pulled at version v_read::
 
         w <- w - lr * g          staleness = version - v_read;   version += 1
 

@@ -116,7 +116,7 @@ class Strategy(abc.ABC):
     # What this rank did, for the replay (asynchronous strategies set it; None: nothing).
     events: EventLog | None = None
     # Why --optimizer must be sgd, where the strategy steps a part of the parameters, or
-    # another array, or without momentum (SGD.step's arguments; LARS has no such form).
+    # another array, or without momentum (SGD.update; LARS has no such form).
     # Empty: any optimizer.
     sgd_only: ClassVar[str] = ""
 

@@ -113,7 +113,7 @@ class NodeReplica:
             window = d.next_window()
             sent = window.whole[0, part]
         with tracer().phase("optimizer"):
-            d.optimizer.step(mean, part, out=sent if send and send.blocking else None)
+            d.optimizer.update(mean, part, out=sent if send and send.blocking else None)
         if send:  # 1. slice j on rail j (a blocking send's step is in the window already)
             if not send.blocking:
                 sent[...] = x

@@ -96,7 +96,7 @@ class ElasticAveraging(Strategy):
             if centre is not None:
                 np.subtract(x, centre, out=self.difference)  # d = alpha (x - centre)
                 self.difference *= self.alpha
-            self.optimizer.step(momentum=False)  # x <- x - lr (g + wd x): plain SGD
+            self.optimizer.update(momentum=False)  # x <- x - lr (g + wd x): plain SGD
             if centre is not None:
                 x -= self.difference  # x <- x - d
                 self.exchanges += 1

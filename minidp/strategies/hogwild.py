@@ -25,7 +25,7 @@ class HogwildSGD(Strategy):
            from the MPI shared-memory window; other ranks may be writing meanwhile)
         2. compute the gradient on the local copy (no communication)
         3. write: shared <- shared - lr * g, in place in the window, no lock, no atomics
-           (the optimizer's SGD step on the shared array instead of the local copy):
+           (the optimizer's SGD update of the shared array instead of the local copy):
            concurrent writes can overwrite each other's elements; the race is the
            algorithm (Hogwild's analysis bounds its effect for sparse-enough updates)
 
@@ -72,7 +72,7 @@ class HogwildSGD(Strategy):
         """Write the update into the shared array without a lock; leaders average nodes."""
         self.steps += 1
         with tracer().phase("optimizer"):
-            self.optimizer.step(params=self.shared, momentum=False)
+            self.optimizer.update(params=self.shared, momentum=False)
         period = self.config["period"]
         if period and self.topology.is_leader and self.steps % period == 0:
             self.average_nodes()

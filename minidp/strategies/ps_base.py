@@ -284,7 +284,7 @@ class ParameterServer(Strategy):
     def apply(self, grad: np.ndarray, scale: float = 1.0, lr_divisor: float = 1.0) -> None:
         """One server update of this shard: w <- w - (lr / lr_divisor) (scale g + wd w).
 
-        Through the optimizer (SGD on the shard; momentum where the server keeps it). The
+        Through the optimizer (SGD.update of the shard; momentum where the server keeps it). The
         gradient is scaled, not the rate, so weight decay acts once per update; it is
         scaled in place (callers pass a receive or accumulation buffer they reuse). The
         rate runs on the server's own clock: ``lr_schedule(samples applied // (b x
@@ -296,8 +296,8 @@ class ParameterServer(Strategy):
                 self.optimizer.lr = self.lr_schedule(self.samples_applied // round_samples)
             if scale != 1.0:
                 grad *= scale
-            self.optimizer.step(grad, self.shard, momentum=self.server_momentum,
-                                lr_divisor=lr_divisor)
+            self.optimizer.update(grad, self.shard, momentum=self.server_momentum,
+                                  lr_divisor=lr_divisor)
         self.version += 1
         self.stats["updates"] += 1
 

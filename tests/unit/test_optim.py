@@ -130,13 +130,13 @@ def test_parts_stepped_one_by_one_give_the_whole_steps_bits(momentum, nesterov, 
         whole.flat_parameters().grad[...] = grad
         opt_whole.step()
         for part in (slice(0, n // 3), slice(n // 3, n)):
-            opt_parts.step(grad[part], part)
+            opt_parts.update(grad[part], part)
     np.testing.assert_array_equal(parts.flat_parameters().data, whole.flat_parameters().data)
     np.testing.assert_array_equal(opt_parts.state, opt_whole.state)
     assert opt_parts.step_count == 6  # counted per call: one call per rank and step
     x = parts.flat_parameters().data.copy()
     out = np.full(n // 2, np.nan, np.float32)
-    opt_parts.step(grad[:n // 2], slice(0, n // 2), out=out)
+    opt_parts.update(grad[:n // 2], slice(0, n // 2), out=out)
     np.testing.assert_array_equal(parts.flat_parameters().data, x)
     opt_whole.step()
     np.testing.assert_array_equal(out, whole.flat_parameters().data[:n // 2])
@@ -157,7 +157,7 @@ def test_sgd_steps_a_part_another_array_without_momentum_and_at_a_divided_rate(m
     shard, grads = slice(n // 4, n // 2), [rng.standard_normal(n // 2 - n // 4) for _ in range(3)]
     w0, untouched = flat.data[shard].copy(), flat.data.copy()
     for g in grads:
-        opt.step(g, shard, lr_divisor=2.5)
+        opt.update(g, shard, lr_divisor=2.5)
     expected = reference_sgd(w0, grads, 0.1 / 2.5, momentum, nesterov, wd)
     np.testing.assert_allclose(flat.data[shard], expected, rtol=1e-13, atol=1e-15)
     outside = np.ones(n, bool)
@@ -165,12 +165,12 @@ def test_sgd_steps_a_part_another_array_without_momentum_and_at_a_divided_rate(m
     np.testing.assert_array_equal(flat.data[outside], untouched[outside])
     state, w1, g = opt.state.copy(), flat.data.copy(), rng.standard_normal(n)
     flat.grad[...] = g
-    opt.step(momentum=False)  # plain SGD: the momentum neither used nor advanced
+    opt.update(momentum=False)  # plain SGD: the momentum neither used nor advanced
     np.testing.assert_allclose(flat.data, w1 - 0.1 * (g + wd * w1), rtol=1e-13, atol=1e-15)
     np.testing.assert_array_equal(opt.state, state)
     other, w2 = rng.standard_normal(n), flat.data.copy()
     stepped = other.copy()
-    opt.step(params=stepped, momentum=False)  # hogwild: the node's copy, not the model
+    opt.update(params=stepped, momentum=False)  # hogwild: the node's copy, not the model
     np.testing.assert_allclose(stepped, other - 0.1 * (g + wd * other), rtol=1e-13, atol=1e-15)
     np.testing.assert_array_equal(flat.data, w2)
     assert opt.step_count == 5
@@ -180,7 +180,7 @@ def test_sgd_step_with_arguments_needs_the_flat_buffers():
     p = Parameter(np.ones(3))
     p.grad = np.ones(3)
     with pytest.raises(RuntimeError, match="needs the model's flat parameters"):
-        SGD([p], lr=0.1).step(momentum=False)
+        SGD([p], lr=0.1).update(momentum=False)
 
 
 def test_lookahead_is_eamsgds_worker_step_written_out():
