@@ -25,7 +25,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from minidp.io.nofollow import REGULAR, Directory
+from minidp.io.nofollow import REGULAR, Directory, WrongKind
 
 
 class WriteFailed(OSError):
@@ -44,7 +44,7 @@ def write_failed(path: str, exc: OSError) -> WriteFailed:
     """
     if isinstance(exc, WriteFailed):
         return exc
-    if exc.errno is None:  # minidp's own message (a WrongKind): it names the path
+    if isinstance(exc, WrongKind):  # minidp's own message: it names the path
         return WriteFailed(str(exc))
     code = errno.errorcode.get(exc.errno or 0)
     full = exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
