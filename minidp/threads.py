@@ -168,10 +168,16 @@ def blas_single_threaded() -> Iterator[None]:
 
 def thread_info() -> dict:
     """Describe the thread pools in effect (for ``python -m minidp info``)."""
+    import numba
     from threadpoolctl import threadpool_info
 
     pools = [{"library": p.get("internal_api"), "threads": p.get("num_threads"),
               "version": p.get("version")} for p in threadpool_info()]
+    try:  # known once a parallel kernel ran: tbb, omp or workqueue, whichever loaded first
+        layer = numba.threading_layer()
+    except ValueError:
+        layer = f"not loaded yet (asked for: {numba.config.THREADING_LAYER})"
     n, reason = choice()
     return {"local_ranks": local_rank_count(), "cores": available_cores(),
-            "threads_per_rank": n, "chosen_by": reason, "pools": pools}
+            "threads_per_rank": n, "chosen_by": reason, "pools": pools,
+            "numba_threading_layer": layer}

@@ -80,9 +80,12 @@ def spread(elements: int) -> bool:
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
-    """The process's pool of ``workers`` threads (made again when the count changes)."""
+    """The process's pool, of at least ``workers`` threads.
+
+    It only grows: a smaller thread count leaves threads idle, asleep on its queue.
+    """
     with _lock:
-        if _pool["size"] != workers:
+        if _pool["size"] < workers:
             if _pool["executor"] is not None:
                 _pool["executor"].shutdown(wait=True)
             _pool["executor"] = ThreadPoolExecutor(workers, thread_name_prefix="minidp-conv")
