@@ -178,6 +178,12 @@ def thread_info() -> dict:
     except ValueError:
         layer = f"not loaded yet (asked for: {numba.config.THREADING_LAYER})"
     n, reason = choice()
-    return {"local_ranks": local_rank_count(), "cores": available_cores(),
-            "threads_per_rank": n, "chosen_by": reason, "pools": pools,
-            "numba_threading_layer": layer}
+    cores, ranks = available_cores(), local_rank_count()
+    return {"local_ranks": ranks, "cores": cores, "threads_per_rank": n, "chosen_by": reason,
+            "pools": pools, "numba_threading_layer": layer,
+            "how_to_set": (
+                "ranks per node: the launcher's (mpiexec -n / -ppn, srun --ntasks-per-node); "
+                "threads per rank: MINIDP_NUM_THREADS (else OMP_NUM_THREADS, "
+                "SLURM_CPUS_PER_TASK, cores / ranks on the node). Keep ranks per node x "
+                f"threads per rank = the node's cores (here: {ranks} x {n} on {cores}); "
+                "benchmarks/bench_layouts.py measures which split is fastest for a model")}
