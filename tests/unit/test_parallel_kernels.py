@@ -29,6 +29,7 @@ from minidp.kernels import batchnorm as bn
 from minidp.kernels import checksum as ck
 from minidp.kernels import elementwise as ew
 from minidp.kernels import pooling as pl
+from minidp.kernels import reduce as rd
 from minidp.kernels import threaded
 from minidp.kernels.jit import use_kernels
 
@@ -180,6 +181,36 @@ def test_checksum_on_threads_is_exact(at_threads, monkeypatch):
     with np.errstate(over="ignore"):  # the Python body's uint64 scalars warn as they wrap
         s1, s2 = ck._checksum_parallel(data, np.uint64(2**63 + 5))  # weights pass 2**64
     assert (int(s1), int(s2)) == ck.checksum_reference(data, 2**63 + 5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("divisor,broadcast", [(1, False), (3, True), (3, False)])
+def test_node_sum_on_threads_gives_the_bits_of_row_by_row_adds(at_threads, dtype, divisor,
+                                                              broadcast):
+    """A node window's rows (3 ranks; each row padded, as the window's segments may be),
+    one rank's slice [lo, hi) of more than two blocks, summed, divided, copied."""
+    lo, hi = 5, 5 + 2 * rd.BLOCK + 101
+    padded = rand((3, hi + 40), dtype, 22)
+
+    def window():  # rows of hi + 7 elements, hi + 40 apart
+        return padded.copy()[:, :hi + 7]
+
+    expected = window()
+    total = expected[0, lo:hi].copy()
+    for r in (1, 2):
+        total = total + expected[r, lo:hi]  # in the dtype, row after row
+    if divisor != 1:
+        total = total / dtype(divisor)
+    for r in (range(3) if broadcast else [0]):
+        expected[r, lo:hi] = total
+    for kernel in (rd._node_sum_parallel, rd._node_sum_kernel):
+        got = window()
+        assert not got.flags.c_contiguous
+        kernel(got, lo, hi, dtype(divisor), broadcast)
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+    got = window()
+    rd.node_sum(got, lo, hi, divisor, broadcast)  # the dispatcher, kernel or NumPy's passes
+    np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
 
 
 def test_spread_follows_the_thread_count_and_stays_out_of_regions(small_regions):
