@@ -29,10 +29,7 @@ from minidp.comm.allreducers.base import (
 )
 from minidp.comm.network import charged, ring_traffic
 from minidp.comm.topology import Topology
-
-# Elements per block of the slice reduction: a block of every row stays in L2 while
-# it is summed and copied back, so the window is streamed through memory once.
-_BLOCK = 1 << 15
+from minidp.kernels.reduce import node_sum
 
 
 class NodeSlices:
@@ -62,16 +59,7 @@ class NodeSlices:
         """
         self.shared.sync()
         whole, mine = self.shared.whole, self.mine
-        for start in range(mine.start, mine.stop, _BLOCK):
-            block = slice(start, min(start + _BLOCK, mine.stop))
-            acc = whole[0, block]
-            for row in whole[1:, block]:
-                acc += row
-            if mean_over != 1:
-                acc /= mean_over
-            if copy_back:
-                for row in whole[1:, block]:
-                    row[...] = acc
+        node_sum(whole, mine.start, mine.stop, mean_over, copy_back)  # in blocks, on the threads
         return whole[0, mine]
 
     def copy_back(self) -> None:
