@@ -89,7 +89,11 @@ class StatusBoard:
                 continue
             rec = self.records[slot]
             there, halted = rec["label"].decode(errors="replace"), condition(int(rec["pid"]))
-            if rec["label"] == _stored(label) and rec["count"] >= count and not halted:
+            # A rank in a later call has come to this one, whatever became of it since (it
+            # may have ended on its own timeout); one at this call is named if it halted
+            # there.
+            if rec["label"] == _stored(label) and (rec["count"] > count or
+                                                   (rec["count"] == count and not halted)):
                 continue
             state = "waiting in" if rec["waiting"] else "last in"
             # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.
