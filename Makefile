@@ -3,11 +3,13 @@
 # Set-up makes .venv and installs from the registries. MPI comes from the `mpich` wheel
 # (mpiexec lands in .venv/bin). On a cluster, `make venv MPI=system` builds mpi4py
 # against the MPI whose `mpicc` is on PATH instead, so jobs use the system's launcher
-# and interconnect.
+# and interconnect. Each MPI has a venv of its own (.venv, .venv-system), so both can
+# stand side by side: every target takes MPI=system (`make test MPI=system` runs the
+# suite under the system MPI), and `make test-openmpi` is that with Open MPI.
 
 PYTHON ?= python3
 MPI ?= mpich
-VENV := .venv
+VENV := $(if $(filter system,$(MPI)),.venv-system,.venv)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(MPI)
 export PYTHONUNBUFFERED := 1
@@ -23,11 +25,20 @@ endif
 .PHONY: venv test test-gpu test-faults mutants fuzz test-unit test-nojit test-min data demo \
 	hosts test-hosts lint bench torch clean
 
+# mpi4py compiled against the system MPI (3 min here) is kept in a pip cache of that MPI's
+# own, named by what its mpicc compiles with: a later venv installs the wheel in seconds,
+# and a wheel built against one MPI is never installed against another.
+SYSTEM_MPI_CACHE = $${XDG_CACHE_HOME:-$$HOME/.cache}/minidp/pip-mpi-$$(mpicc -show | cksum | cut -d' ' -f1)
+
 $(STAMP): setup.cfg pyproject.toml
+ifeq ($(MPI),system)
+	@command -v mpicc >/dev/null || { echo "error: MPI=system: no mpicc on PATH (load the \
+	site's MPI module, or apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
+endif
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(MPI),system)
-	$(BIN)/python -m pip install -q --no-binary=mpi4py --no-cache-dir mpi4py
+	$(BIN)/python -m pip install -q --no-binary=mpi4py --cache-dir $(SYSTEM_MPI_CACHE) mpi4py
 else
 	$(BIN)/python -m pip install -q mpich mpi4py
 endif
