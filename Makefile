@@ -22,8 +22,8 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 
-.PHONY: venv test test-gpu test-faults mutants fuzz test-unit test-nojit test-min data demo \
-	hosts test-hosts lint bench torch clean
+.PHONY: venv test test-openmpi test-gpu test-faults mutants fuzz test-unit test-nojit test-min \
+	data demo hosts test-hosts lint bench torch clean
 
 # mpi4py compiled against the system MPI (3 min here) is kept in a pip cache of that MPI's
 # own, named by what its mpicc compiles with: a later venv installs the wheel in seconds,
@@ -65,6 +65,16 @@ test-nojit: venv
 # beside another job as it must on a shared machine (docs/reliability.md).
 test: venv lint test-nojit
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
+
+# The same suite under Open MPI, the MPI of most clusters: `make test MPI=system` with the
+# system's Open MPI (Debian: apt-get install openmpi-bin libopenmpi-dev), in .venv-system.
+# CI runs it after `make test` (.ci/run); what differs between the launchers is in
+# docs/reliability.md ("Open MPI").
+test-openmpi:
+	@mpicc --showme:version >/dev/null 2>&1 || { echo "error: make test-openmpi: the mpicc \
+	on PATH ($$(command -v mpicc || echo none)) is not Open MPI's; allowed: Open MPI's \
+	(apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
+	$(MAKE) test MPI=system
 
 # The tests marked `gpu` (skipped by `make test` without a device): models, optimizers and
 # the compute replica on CuPy against NumPy, and 2 ranks sharing one GPU per strategy
@@ -165,4 +175,4 @@ torch: venv
 	$(BIN)/python -m pip install -q torch==2.13.0
 
 clean:
-	rm -rf $(VENV) $(VENV_MIN) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf .venv .venv-system $(VENV_MIN) build *.egg-info .pytest_cache .ruff_cache

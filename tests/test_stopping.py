@@ -4,8 +4,6 @@ The signals are raised by ``--inject-fault RANK:STEP:sigterm|sigusr1``: the real
 runs, at a known step, so where the run stops is deterministic.
 """
 
-import collections
-import glob
 import json
 import os
 import re
@@ -173,25 +171,11 @@ def test_a_bad_fault_is_a_clear_error(tmp_path, data_dir, spec, message):
 
 def rank_processes(launcher):
     """{rank: pid} of the ranks started under the process ``launcher`` (read from /proc)."""
-    children = collections.defaultdict(list)
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                children[int(f.read().rsplit(")", 1)[1].split()[1])].append(
-                    int(stat.split("/")[2]))
-        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
-            continue
-    ranks, todo = {}, [launcher]
-    while todo:
-        pid = todo.pop()
-        todo += children[pid]
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                found = [v for v in f.read().split(b"\0") if v.startswith(b"PMI_RANK=")]
-        except OSError:
-            continue
-        if found:
-            ranks[int(found[0][len("PMI_RANK="):])] = pid
+    ranks = {}
+    for pid in spmd.descendants(launcher):
+        rank = spmd.rank_of(pid)
+        if rank is not None:
+            ranks[rank] = int(pid)
     return ranks
 
 
