@@ -79,10 +79,14 @@ def _wrapper_text(workdir: Path, prefix: str, names: list[str], bridge: str,
         f'{q(tools["mount"])} -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm || exit 255\n'
         f'{q(tools["mount"])} --bind "$dir/hosts.$host" /etc/hosts || exit 255\n'
         # ssh hands the remote shell one string: re-parse it, which also strips the literal
-        # quotes Hydra puts around the proxy's path and Open MPI around its URIs. The inner
-        # `exec` replaces the shell by the proxy (or orted), so that the launcher's
-        # signals reach it.
-        'exec /bin/sh -c "exec $cmd"\n')
+        # quotes Hydra puts around the proxy's path and Open MPI around its URIs. Hydra's
+        # is one command: the inner `exec` replaces the shell by the proxy, so that
+        # Hydra's signals reach the proxy itself. Open MPI's is a short script (it sets
+        # PATH and LD_LIBRARY_PATH, then starts orted), which only a shell can run.
+        'case "$cmd" in\n'
+        '  *";"*) exec /bin/sh -c "$cmd" ;;\n'
+        '  *) exec /bin/sh -c "exec $cmd" ;;\n'
+        'esac\n')
     return f"""#!/bin/sh
 # Written by tests/hosts_wrapper.py for instance {prefix}: stands in for ssh in
 #   mpiexec -launcher ssh -launcher-exec THIS -iface {bridge} -hosts ...   (MPICH)
