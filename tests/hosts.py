@@ -136,7 +136,7 @@ class _CounterHandler(socketserver.StreamRequestHandler):
 
 
 class Hosts:
-    """N hosts, each a set of namespaces behind a veth link, for ``mpiexec -launcher ssh``.
+    """N hosts, each a set of namespaces behind a veth link, for a launcher's ssh start-up.
 
     Entering builds everything, leaving tears everything down, also when the body raised.
 
@@ -160,9 +160,9 @@ class Hosts:
                 per instance, which `hosts_names.cleanup_stale` recognises.
             cpus: One list of CPU numbers per host: its proxy and ranks run on those
                 only (``taskset``), as a machine's processes run on its own cores.
-            clean_env: Start each proxy with a login-like environment, as ssh does (the
-                job's environment then reaches the ranks only through Hydra); False lets
-                the proxies inherit the caller's.
+            clean_env: Start each proxy (orted) with a login-like environment, as ssh
+                does (the job's environment then reaches the ranks only through the
+                launcher); False lets them inherit the caller's.
         """
         if not 1 <= n_hosts <= MAX_HOSTS:
             raise ValueError(f"n_hosts: got {n_hosts}, allowed: 1 to {MAX_HOSTS}")
@@ -266,7 +266,7 @@ class Hosts:
         run_tool([ip, "netns", "add", name])
         # The host side is named as the bridge: Hydra passes `-iface BRIDGE` on to the
         # proxies (and to MPICH as MPIR_CVAR_NEMESIS_TCP_NETWORK_IFACE), which look for an
-        # interface of that name on every host.
+        # interface of that name on every host; Open MPI's `*_if_include` names it alike.
         run_tool([ip, "link", "add", veth, "type", "veth", "peer", "name", inner, "netns", name])
         run_tool([ip, "link", "set", veth, "addrgenmode", "none"])
         run_tool([ip, "-n", name, "link", "set", inner, "addrgenmode", "none"])
