@@ -22,7 +22,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 
-.PHONY: venv test test-openmpi test-gpu test-faults mutants fuzz test-unit test-nojit test-min \
+.PHONY: venv test test-suite test-openmpi test-gpu test-faults mutants fuzz test-unit test-nojit test-min \
 	data demo hosts test-hosts lint bench torch clean
 
 # mpi4py compiled against the system MPI (3 min here) is kept in a pip cache of that MPI's
@@ -59,22 +59,26 @@ test-unit: venv
 test-nojit: venv
 	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q -n 2 tests/unit
 
+# `make test`: ruff, the NumPy reference pass, then every test (test-suite).
+test: lint test-nojit test-suite
+
 # Two pytest-xdist workers: most tests launch MPI jobs that wait (for a timeout, a signal,
 # a peer), and one worker alone keeps the machine's two cores half idle. The modules
 # that share a fixture run on one worker each (their xdist_group mark); every test passes
 # beside another job as it must on a shared machine (docs/reliability.md).
-test: venv lint test-nojit
+test-suite: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
 
-# The same suite under Open MPI, the MPI of most clusters: `make test MPI=system` with the
-# system's Open MPI (Debian: apt-get install openmpi-bin libopenmpi-dev), in .venv-system.
-# CI runs it after `make test` (.ci/run); what differs between the launchers is in
-# docs/reliability.md ("Open MPI").
+# The suite under Open MPI, the MPI of most clusters, in .venv-system built against the
+# system's Open MPI (Debian: apt-get install openmpi-bin libopenmpi-dev). CI runs it after
+# `make test` (.ci/run), which has run ruff and the NumPy reference pass already (neither
+# depends on the MPI); `make test MPI=system` runs those too. What differs between the
+# launchers: docs/reliability.md ("Open MPI").
 test-openmpi:
 	@mpicc --showme:version >/dev/null 2>&1 || { echo "error: make test-openmpi: the mpicc \
 	on PATH ($$(command -v mpicc || echo none)) is not Open MPI's; allowed: Open MPI's \
 	(apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
-	$(MAKE) test MPI=system
+	$(MAKE) test-suite MPI=system
 
 # The tests marked `gpu` (skipped by `make test` without a device): models, optimizers and
 # the compute replica on CuPy against NumPy, and 2 ranks sharing one GPU per strategy
