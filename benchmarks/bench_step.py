@@ -1,19 +1,29 @@
 """One training step (forward, backward, SGD with momentum): minidp against PyTorch.
 
     .venv/bin/python benchmarks/bench_step.py [MODEL ...]     (make torch first)
+    .venv/bin/python benchmarks/bench_step.py --threads 1,2 --no-memory
     .venv/bin/python benchmarks/bench_step.py --repeats 5 --no-memory mlp
     python benchmarks/bench_step.py --backend cupy [MODEL ...]   (a GPU; PyTorch CUDA)
 
-One thread each, float32, measured in the same run: mlp at batch 128, lenet5,
-cifar_cnn and resnet20 at batch 64. The two frameworks' steps alternate, so that a
-machine shared with other jobs slows both alike, for at least 15 steps and 4 s per
-repeat; each of ``--repeats`` (3) repeats gives each framework's median step. The table
-gives the median over the repeats of those medians, and the ratio minidp / PyTorch as
-the median (and [min, max]) of the repeats' ratios (the issue's target: 0.75x; the
-older targets: 1.25x for mlp, 1.5x for the small CNNs, 1.0x for ResNet-20).
+float32, measured in the same run: mlp at batch 128, lenet5, cifar_cnn and resnet20 at
+batch 64, at each thread count of ``--threads`` (default 1; minidp's count is set by
+``minidp.threads.limit_threads``, PyTorch's by ``torch.set_num_threads``). Every
+(framework, thread count) pair takes one step in turn, so that a machine shared with
+other jobs slows all alike, for at least 15 rounds and 4 s per repeat; each of
+``--repeats`` (3) repeats gives each pair's median step. The tables give the median over
+the repeats of those medians, and every ratio as the median (and [min, max]) of the
+repeats' ratios, each ratio between two steps of the same repeat: minidp / PyTorch at
+each thread count, and each framework's speed-up over its own one-thread step.
 
-Beside each (unless ``--no-memory``), the peak resident set of one training step,
-measured the same way for both: a fresh process per framework imports only that
+The GEMM-bound limit: each model's FLOPs per step (2 per multiply-add of its
+convolutions and linear layers, forward and both backward products, none for the input
+gradient of the first layer; the Winograd layers counted as direct convolutions) over
+the best rate of a large float32 GEMM (``np.matmul``, 2048 x 2048, best of 5) measured at
+the same thread count in the same run. ``limit`` is that time; each framework's
+fraction is limit / its step (1 would be a step that only multiplies, at peak rate).
+
+Beside each (unless ``--no-memory``), the peak resident set of one training step at one
+thread, measured the same way for both: a fresh process per framework imports only that
 framework (and NumPy), builds the model and the batch, runs one step and reports its
 peak resident set (VmHWM) and its resident set before the step, so the step's own
 share shows.
@@ -30,13 +40,35 @@ import subprocess
 import sys
 import time
 
-import common
-import numpy as np
 
-from minidp import Tensor, backend, layers
-from minidp import functional as F
-from minidp.kernels import ensure_compiled
-from minidp.optim import SGD
+def thread_counts(argv: list[str]) -> list[int]:
+    """The counts of ``--threads`` (read before minidp is imported: see below)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--threads", default="1")
+    text = parser.parse_known_args(argv)[0].threads
+    try:
+        counts = [int(t) for t in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        sys.exit(f"error: --threads: got {text!r}, allowed: thread counts >= 1 separated by "
+                 "commas (1,2)")
+    return counts
+
+
+# Numba sizes its thread pool when it is imported, from the count minidp chooses: the
+# largest count measured must be chosen before minidp (and common.py) is imported.
+THREADS = thread_counts(sys.argv[1:])
+os.environ["MINIDP_NUM_THREADS"] = str(max(THREADS))
+
+import common  # noqa: E402
+import numpy as np  # noqa: E402
+
+from minidp import Tensor, backend, layers, no_grad, threads  # noqa: E402
+from minidp import functional as F  # noqa: E402
+from minidp.autograd import ops  # noqa: E402
+from minidp.kernels import ensure_compiled  # noqa: E402
+from minidp.optim import SGD  # noqa: E402
 
 CASES = [("mlp", 128, (1, 28, 28)), ("lenet5", 64, (1, 28, 28)),
          ("cifar_cnn", 64, (3, 32, 32)), ("resnet20", 64, (3, 32, 32))]
@@ -80,22 +112,69 @@ def torch_step(torch, name, batch, shape, device="cpu"):
     return step
 
 
-def interleaved_medians(steps, repeats=3, warmup=3, min_steps=15, min_seconds=4.0):
-    """Per repeat, each step's median time, the steps run in turn (warm-up runs first)."""
-    for step in steps:
+def interleaved_medians(steps, repeats=3, warmup=3, min_steps=15, min_seconds=4.0,
+                        prepare=None):
+    """Per repeat, each step's median time, the steps run in turn (warm-up runs first).
+
+    ``prepare``: one callable per step (or None), called untimed before each of its steps
+    (the thread count of the pair it measures).
+    """
+    prepare = prepare or [None] * len(steps)
+
+    def run(i):
+        if prepare[i] is not None:
+            prepare[i]()
+        t0 = time.perf_counter()
+        steps[i]()
+        return time.perf_counter() - t0
+
+    for i in range(len(steps)):
         for _ in range(warmup):
-            step()
+            run(i)
     medians = []
     for _ in range(repeats):
         times = [[] for _ in steps]
         start = time.perf_counter()
         while len(times[0]) < min_steps or time.perf_counter() - start < min_seconds:
-            for i, step in enumerate(steps):
-                t0 = time.perf_counter()
-                step()
-                times[i].append(time.perf_counter() - t0)
+            for i in range(len(steps)):
+                times[i].append(run(i))
         medians.append([statistics.median(t) for t in times])
     return medians
+
+
+def step_flops(name, batch, shape):
+    """FLOPs of one training step of minidp's model ``name`` (see the module docstring)."""
+    layers_seen = []
+    conv2d, linear = ops.conv2d, ops.linear
+
+    def counting_conv2d(x, w, b=None, stride=1, padding=0):
+        out = conv2d(x, w, b, stride=stride, padding=padding)
+        layers_seen.append(2 * out.data.size * int(np.prod(w.data.shape[1:])))
+        return out
+
+    def counting_linear(x, w, b=None):
+        out = linear(x, w, b)
+        layers_seen.append(2 * out.data.size * w.data.shape[1])
+        return out
+
+    ops.conv2d, ops.linear = counting_conv2d, counting_linear
+    try:
+        x = np.zeros((batch, *shape), dtype=np.float32)
+        with no_grad():
+            layers.MODELS[name]()(Tensor(x))
+    finally:
+        ops.conv2d, ops.linear = conv2d, linear
+    return 3 * sum(layers_seen) - layers_seen[0]
+
+
+def peak_gemm_gflops(count, n=2048, repeats=5):
+    """The best rate of an n x n float32 matmul on ``count`` threads, GFLOP/s."""
+    threads.limit_threads(count)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    out = np.empty_like(a)
+    return 2 * n**3 / common.best_time(lambda: np.matmul(a, b, out=out), repeats=repeats,
+                                        warmup=1) / 1e9
 
 
 # One step in a fresh process that imports only its own framework (and NumPy for the
@@ -146,9 +225,16 @@ def peak_memory(framework, name, batch, shape):
     return float(before), float(peak)
 
 
+def spread(values):
+    """'median [min, max]' of ratios."""
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}, {max(values):.2f}]"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help="models to measure (default: all)")
+    parser.add_argument("--threads", default="1",
+                        help="thread counts to measure, comma-separated (1; the issue's: 1,2)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (3)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory")
     parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy")
@@ -161,37 +247,88 @@ def main():
     chosen = args.models or [name for name, *_ in cases]
     try:
         import torch
-        torch.set_num_threads(1)
     except ImportError:
         torch = None
         print("torch is not installed (make torch): minidp alone")
     ensure_compiled()  # the measured processes then load the kernels, never compile them
+    counts = THREADS if device == "cpu" else [1]
     frameworks = ["minidp"] + (["torch"] if torch is not None else [])
-    rows = []
+    load = os.getloadavg()
+    peaks = {t: peak_gemm_gflops(t) for t in counts} if device == "cpu" else {}
+    rows, limit_rows, target_rows = [], [], []
     for name, batch, shape in (c for c in cases if c[0] in chosen):
-        steps = [minidp_step(name, batch, shape, device)]
-        if torch is not None:
-            steps.append(torch_step(torch, name, batch, shape, device))
-        medians = interleaved_medians(steps, args.repeats)
-        row = [name, batch] + [f"{statistics.median(m[i] for m in medians) * 1e3:.2f}"
-                               for i in range(len(steps))]
-        if torch is not None:
-            ratios = [m[0] / m[1] for m in medians]
-            row.append(f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}, "
-                       f"{max(ratios):.2f}]")
+        steps, prepare, keys = [], [], []
+        for t in counts:
+            steps.append(minidp_step(name, batch, shape, device))
+            prepare.append(lambda t=t: threads.limit_threads(t))
+            keys.append(("minidp", t))
+            if torch is not None:
+                steps.append(torch_step(torch, name, batch, shape, device))
+                prepare.append(lambda t=t: torch.set_num_threads(t))
+                keys.append(("torch", t))
+        medians = interleaved_medians(steps, args.repeats, prepare=prepare)
+        time_of = {k: [m[i] for m in medians] for i, k in enumerate(keys)}
+        ms = {k: statistics.median(v) * 1e3 for k, v in time_of.items()}
+        row = [name, batch]
+        for t in counts:
+            row.append(f"{ms['minidp', t]:.2f}")
+            if torch is not None:
+                ratios = [m / p for m, p in zip(time_of["minidp", t], time_of["torch", t])]
+                row += [f"{ms['torch', t]:.2f}", spread(ratios)]
+        for fw in frameworks:
+            for t in counts[1:]:
+                row.append(spread([a / b for a, b in zip(time_of[fw, counts[0]],
+                                                         time_of[fw, t])]))
         if not args.no_memory:
             for fw in frameworks:
                 before, peak = peak_memory(fw, name, batch, shape)
                 row.append(f"{before:.0f} / {peak:.0f}")
         rows.append(row)
-    headers = ["model", "batch", "minidp ms"]
-    if torch is not None:
-        headers += ["pytorch ms", "minidp/pytorch [min, max]"]
+        if device == "cpu":
+            flops = step_flops(name, batch, shape)
+            limit_row = [name, f"{flops / 1e9:.3f}"]
+            for t in counts:
+                limit_ms = flops / (peaks[t] * 1e9) * 1e3
+                limit_row += [f"{limit_ms:.2f}"] + [f"{limit_ms / ms[fw, t]:.0%}"
+                                                    for fw in frameworks]
+            limit_rows.append(limit_row)
+        if torch is not None and len(counts) > 1:
+            one, many = counts[0], counts[-1]
+            speedup = statistics.median(a / b for a, b in zip(time_of["minidp", one],
+                                                              time_of["minidp", many]))
+            versus = [statistics.median(m / p for m, p in zip(time_of["minidp", t],
+                                                              time_of["torch", t]))
+                      for t in (one, many)]
+            target_rows.append([name, f"{speedup:.2f}x", "yes" if speedup >= 1.6 else "NO",
+                                f"{versus[1]:.2f}x", "yes" if versus[1] <= 1.0 else "NO",
+                                f"{versus[0]:.2f}x", "yes" if versus[0] <= 1.0 else "NO"])
+    headers = ["model", "batch"]
+    for t in counts:
+        headers.append(f"minidp {t}t ms")
+        if torch is not None:
+            headers += [f"pytorch {t}t ms", f"minidp/pytorch {t}t [min, max]"]
+    for fw in frameworks:
+        headers += [f"{fw} {t}t speed-up [min, max]" for t in counts[1:]]
     if not args.no_memory:
-        headers += [f"{fw} MB before / peak" for fw in frameworks]
+        headers += [f"{fw} MB before / peak (1 thread)" for fw in frameworks]
     print(f"median step over {args.repeats} interleaved repeats (each the median of its "
-          "steps), one thread\n")
+          f"steps); load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
+          f"{os.cpu_count()} cores\n")
     common.print_table(headers, rows)
+    if limit_rows:
+        print("\nGEMM-bound limit: peak float32 GEMM rate "
+              + ", ".join(f"{peaks[t]:.0f} GFLOP/s at {t} thread(s)" for t in counts) + "\n")
+        limit_headers = ["model", "GFLOP/step"]
+        for t in counts:
+            limit_headers += [f"limit {t}t ms"] + [f"{fw} {t}t fraction" for fw in frameworks]
+        common.print_table(limit_headers, limit_rows)
+    if target_rows:
+        one, many = counts[0], counts[-1]
+        print(f"\nTargets: at {many} threads minidp's step at least 1.6x its {one}-thread step "
+              f"and at most 1.0x PyTorch's; at {one} thread at most 1.0x PyTorch's (medians)\n")
+        common.print_table(["model", f"minidp {many}t speed-up", ">= 1.6x",
+                            f"minidp/pytorch {many}t", "<= 1.0x", f"minidp/pytorch {one}t",
+                            "<= 1.0x"], target_rows)
 
 
 if __name__ == "__main__":

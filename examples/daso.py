@@ -1,9 +1,14 @@
-"""DASO: node-local sync every batch, global averaging on one rail at a time, adaptive.
+"""DASO: node-local sync every batch, global averaging every B batches over all rails, adaptive.
 
     .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py examples/daso.py [--epochs 5]
 
 4 ranks as 2 virtual nodes of 2, an MLP, a network model of 50 us and 1 Gbit/s between
-nodes. The loop is the Trainer's public API written out: ``Trainer(config)`` sets up
+nodes. A global sync crosses the nodes on every rail at once (``global_sync=all``, the
+default): local rank j carries slice j, 1/G of the parameters, on its own rail, so the
+node's whole link works; ``--set daso.global_sync=rail`` is Heat's form, one rail at a
+time carrying all of them (the same numbers: docs/daso.md).
+
+The loop is the Trainer's public API written out: ``Trainer(config)`` sets up
 (topology, data, model, strategy), ``train_epoch(epoch)`` trains one epoch on every
 rank and returns its metrics (``fit()`` is this loop plus the run directory, resume,
 checkpoints and the summary). Prints each epoch's (B, S, L) from DASO's schedule (a

@@ -1,4 +1,9 @@
-"""Command line: ``python -m minidp train|info|data prepare``.
+"""Command line: ``python -m minidp train|info|data|report|compare|simulate|replay``.
+
+``train`` one distributed run; ``info`` versions, MPI, backend, threads; ``data prepare``
+a dataset's files; ``report`` report.md and plots of run directories; ``compare`` several
+strategies trained alike, then reported; ``simulate`` epoch times predicted at cluster
+scale; ``replay`` an asynchronous run re-executed and compared with its model.
 
 Run distributed jobs under ``mpiexec -n N python -m mpi4py -m minidp train ...`` or,
 installed, ``mpiexec -n N minidp train ...`` (the console script does what ``-m mpi4py``
@@ -7,7 +12,8 @@ aborts every rank. A user error (bad flag or setting, refused --out or --resume,
 ``MINIDP_*`` variable, a file that cannot be written) is one line ``error: ...`` with exit
 status 2: printed once, by rank 0, when every rank has the same error, and the job ends
 normally (MPI finalised, no abort banner, nothing left in ``/dev/shm``); else printed by
-each rank, and the job is aborted.
+each rank, and the job is aborted. Every command but ``info`` checks the ``MINIDP_*``
+variables first (:mod:`minidp.run.environment`); ``info`` shows what is wrong instead.
 
 Exit status: 0 done; 2 a user error; 3 stopped by SIGTERM, SIGUSR1 or SIGINT (Ctrl-C)
 (:data:`minidp.run.stopping.EXIT_STOPPED`): with a checkpoint, resume it with
@@ -64,6 +70,7 @@ def info(_: argparse.Namespace) -> int:
     from minidp import threads
     from minidp.comm import mpi_library, versions
     from minidp.comm.topology import machines
+    from minidp.run import environment
 
     report = {
         **versions(), "numba": numba.__version__,
@@ -71,9 +78,13 @@ def info(_: argparse.Namespace) -> int:
         "mpi_library": mpi_library(),
         "mpi_world_size": MPI.COMM_WORLD.Get_size(), "mpi_rank": MPI.COMM_WORLD.Get_rank(),
         "host": MPI.Get_processor_name(), "machines": machines(MPI.COMM_WORLD),
-        "backend": minidp.get_backend(),
+        "backend": minidp.backend.describe(),
         "gpu": minidp.backend.gpu_info(), "threads": threads.thread_info(),
     }
+    try:
+        environment.check()
+    except ValueError as exc:
+        report["environment"] = str(exc)  # shown, not refused: info is where one looks
     print(json.dumps(report, indent=2))
     return 0
 
@@ -158,6 +169,7 @@ def train(args: argparse.Namespace) -> int:
 
     from minidp.comm import guard
     from minidp.kernels import ensure_compiled
+    from minidp.run import environment
     from minidp.run.files import phase_table
     from minidp.run.flags import from_args
     from minidp.run.stopping import EXIT_STOPPED, Stopped
@@ -167,10 +179,7 @@ def train(args: argparse.Namespace) -> int:
     errors = MPI.COMM_WORLD  # until its duplicate exists
     rank = MPI.COMM_WORLD.Get_rank()
     try:
-        guard.comm_timeout()  # a bad MINIDP_* is a user error too, reported like a flag
-        guard.debug_checks()
-        minidp.backend.check_environment()
-        check_threads()
+        environment.check()  # a bad MINIDP_* is a user error too, reported like a flag
         # A cold kernel cache takes a minute to fill (one rank per node, under a file
         # lock): before the first wait, so it never counts against --comm-timeout.
         ensure_compiled()
@@ -203,22 +212,6 @@ def train(args: argparse.Namespace) -> int:
               f"{sent['inter']:,}" + (f", MPI's allreduce (not split by node) {sent['mpi']:,}"
                                       if sent["mpi"] else ""), flush=True)
     return finalized(0)
-
-
-def check_threads() -> None:
-    """Refuse an unusable thread setting: not a count, or more threads than cores.
-
-    More BLAS threads per rank than the cores the process may run on only slows it (and
-    ``MINIDP_NUM_THREADS=100000`` would start that many).
-    """
-    from minidp import threads
-
-    threads.check()
-    count, source = threads.choice()
-    cores = threads.available_cores()
-    if source.startswith("MINIDP_NUM_THREADS=") and count > cores:
-        raise ValueError(f"MINIDP_NUM_THREADS: got {count}, allowed: 1 to {cores} (the cores "
-                         "this process may run on; threads per rank)")
 
 
 def refused(exc: ArgumentsRefused) -> int:
@@ -271,9 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     except ArgumentsRefused as exc:
         return refused(exc)
     try:
+        if args.command not in ("train", "info"):  # train checks inside its error report
+            from minidp.run import environment
+
+            environment.check()
         return args.run(args)
-    except (FileNotFoundError, ValueError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file a command could not read or write: the path, the why
+        where = f"'{exc.filename}': " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
 
 

@@ -3,8 +3,12 @@
 minidp never imports ``cupy`` at module level: the GPU backend is chosen with
 ``MINIDP_BACKEND=cupy`` or :func:`set_backend`, and asking for it on a machine
 without a GPU is a clear ``RuntimeError`` at that moment, not a crash deep inside
-an op. Every op gets its array module from its inputs (:func:`array_module`), so
-NumPy and CuPy arrays are never mixed silently.
+an op. Asked by the variable, the failure cannot break ``import minidp`` (on every
+rank of a job, a traceback each): the import keeps the reason, the command line reports
+it as one line naming the variable (:func:`check_environment`), and a program that uses
+the backend anyway gets the same message from :func:`xp` and :func:`get_backend`, never
+NumPy in its place. Every op gets its array module from its inputs
+(:func:`array_module`), so NumPy and CuPy arrays are never mixed silently.
 
 Devices are named as in PyTorch: ``"cpu"`` (NumPy arrays) and ``"cuda"`` (CuPy arrays
 on this process's GPU). :class:`Staging` moves one host array to and from its device
@@ -25,20 +29,26 @@ BACKENDS = ("numpy", "cupy")
 _state: dict[str, Any] = {"name": "numpy", "xp": numpy}
 
 
+class Unavailable(RuntimeError):
+    """The backend asked for cannot run here; the message says why (no cupy, no GPU)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"backend 'cupy' was requested but {why}; install it with "
+                         "`pip install minidp[gpu]` or use backend 'numpy'")
+        self.why = why
+
+
 def _import_cupy() -> ModuleType:
     try:
         import cupy
-    except ImportError as exc:
-        raise RuntimeError(
-            "backend 'cupy' was requested but cupy is not installed; "
-            "install it with `pip install minidp[gpu]` or use backend 'numpy'"
-        ) from exc
+    except ImportError:
+        raise Unavailable("cupy is not installed") from None
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except cupy.cuda.runtime.CUDARuntimeError as exc:
-        raise RuntimeError(f"backend 'cupy' was requested but CUDA reports: {exc}") from exc
+        raise Unavailable(f"CUDA reports: {exc}") from None
     if count < 1:
-        raise RuntimeError("backend 'cupy' was requested but no GPU is visible")
+        raise Unavailable("no GPU is visible")
     return cupy
 
 
@@ -59,17 +69,40 @@ def set_backend(name: str) -> ModuleType:
         raise ValueError(f"backend: got {name!r}, allowed: {', '.join(map(repr, BACKENDS))}")
     xp = numpy if name == "numpy" else _import_cupy()
     _state["name"], _state["xp"] = name, xp
+    _state.pop("unavailable", None)  # a choice made in code replaces the variable's
+    _state.pop("asked", None)
     return xp
 
 
 def get_backend() -> str:
-    """Return the name of the selected backend (``"numpy"`` or ``"cupy"``)."""
+    """Return the name of the selected backend (``"numpy"`` or ``"cupy"``).
+
+    Raises:
+        RuntimeError: ``MINIDP_BACKEND`` asked for a backend that cannot run here.
+    """
+    _refuse_unavailable()
     return _state["name"]
 
 
 def xp() -> ModuleType:
-    """Return the selected array module (``numpy`` or ``cupy``)."""
+    """Return the selected array module (``numpy`` or ``cupy``).
+
+    Raises:
+        RuntimeError: ``MINIDP_BACKEND`` asked for a backend that cannot run here.
+    """
+    if "unavailable" in _state:
+        _refuse_unavailable()
     return _state["xp"]
+
+
+def _refuse_unavailable() -> None:
+    if "unavailable" in _state:
+        raise RuntimeError(_state["unavailable"])
+
+
+def describe() -> str:
+    """The backend in use, or the one ``MINIDP_BACKEND`` asked for and why it cannot run."""
+    return _state.get("asked", _state["name"])
 
 
 def is_cupy_array(a: Any) -> bool:
@@ -232,12 +265,29 @@ def select_device(local_rank: int) -> int | None:
 
 
 def check_environment() -> None:
-    """Raise ValueError if ``MINIDP_BACKEND`` names no backend (``train`` reports it)."""
+    """Raise ValueError naming ``MINIDP_BACKEND`` if its value names no backend that runs here.
+
+    ``train`` and the other commands report it as their one-line user error.
+    """
     name = os.environ.get("MINIDP_BACKEND", "numpy")
     if name not in BACKENDS:
         raise ValueError(f"MINIDP_BACKEND: got {name!r}, allowed: {', '.join(BACKENDS)}")
+    if "unavailable" in _state:
+        raise ValueError(_state["unavailable"])
 
 
-_requested = os.environ.get("MINIDP_BACKEND", "numpy")
-if _requested in BACKENDS[1:]:  # an unknown name never breaks an import: train refuses it
-    set_backend(_requested)
+def _from_environment() -> None:
+    """Select ``MINIDP_BACKEND``'s backend at import; keep the reason if it cannot run."""
+    requested = os.environ.get("MINIDP_BACKEND", "numpy")
+    if requested not in BACKENDS[1:]:  # an unknown name never breaks an import: train refuses it
+        return
+    try:
+        set_backend(requested)
+    except Unavailable as exc:
+        _state["asked"] = f"{requested} (unavailable: {exc.why})"
+        _state["unavailable"] = (f"MINIDP_BACKEND: got {requested!r}, but {exc.why}; allowed: "
+                                 "numpy, or cupy where CuPy is installed (pip install -e "
+                                 "'.[gpu]') and sees a GPU")
+
+
+_from_environment()

@@ -13,7 +13,8 @@ sets the thread count itself, before the first matmul, from the first of:
 
 ``python -m minidp info`` prints the count and which of these chose it. A bad value
 cannot break ``import minidp`` (the next source decides instead); :func:`check` makes
-it a user error naming the variable when training starts.
+it a user error naming the variable when a command starts, as it does for more threads
+than the cores this process may run on.
 
 The counts minidp fills in are its own defaults, not the user's settings, and must not
 pass for them in a child process: ``minidp compare`` imports minidp (one process, all
@@ -26,7 +27,9 @@ there treats it as unset and decides again from its own launcher's environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                     "NUMBA_NUM_THREADS")
@@ -41,6 +44,7 @@ def _inherited_defaults() -> set[str]:
 
 
 # As the user's environment had it, before set_thread_environment() fills in defaults.
+_INHERITED_TEXT = os.environ.get(DEFAULTS_VARIABLE, "")
 _INHERITED = _inherited_defaults()
 _USER_OMP = "" if "OMP_NUM_THREADS" in _INHERITED else os.environ.get("OMP_NUM_THREADS", "")
 
@@ -90,12 +94,30 @@ def threads_per_rank() -> int:
 
 
 def check() -> None:
-    """Raise ValueError naming a set but unusable thread variable (a user error)."""
+    """Raise ValueError naming a set but unusable thread variable (a user error).
+
+    A count that is not a positive integer; ``MINIDP_NUM_THREADS`` above the cores this
+    process may run on (more BLAS threads than cores only slow a rank, and
+    ``MINIDP_NUM_THREADS=100000`` would start that many); ``MINIDP_THREAD_DEFAULTS`` that
+    is not what a parent minidp process writes there.
+    """
     for name, text in (("MINIDP_NUM_THREADS", os.environ.get("MINIDP_NUM_THREADS", "")),
                        ("OMP_NUM_THREADS", _USER_OMP)):
         if text.strip() and not _count(text):
             raise ValueError(f"{name}: got {text!r}, allowed: a positive integer (threads "
                              "per rank)")
+    count, source = choice()
+    cores = available_cores()
+    if source.startswith("MINIDP_NUM_THREADS=") and count > cores:
+        raise ValueError(f"MINIDP_NUM_THREADS: got {count}, allowed: 1 to {cores} (the cores "
+                         "this process may run on; threads per rank)")
+    for item in filter(None, _INHERITED_TEXT.split(",")):
+        name, _, value = item.partition("=")
+        if name not in THREAD_VARIABLES or not _count(value):
+            raise ValueError(f"{DEFAULTS_VARIABLE}: got {_INHERITED_TEXT!r}, allowed: what "
+                             "minidp writes there for its child processes, NAME=N[,NAME=N...] "
+                             f"with NAME one of {', '.join(THREAD_VARIABLES)} and N >= 1; "
+                             "unset it")
 
 
 def set_thread_environment() -> int:
@@ -117,7 +139,11 @@ def set_thread_environment() -> int:
 
 
 def limit_threads(n: int | None = None) -> int:
-    """Limit the BLAS and Numba thread pools of this process now; returns the count."""
+    """Set this process's thread count now, for every pool at once; returns the count.
+
+    This is the one place the count is applied: Numba's kernels (``prange``), BLAS,
+    and minidp's own regions (:mod:`minidp.kernels.threaded`) all read it from here.
+    """
     n = threads_per_rank() if n is None else n
     import numba
     from threadpoolctl import threadpool_limits
@@ -125,15 +151,59 @@ def limit_threads(n: int | None = None) -> int:
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     # after numba: setting its threads may load an OpenMP runtime that must be limited too
     threadpool_limits(limits=n)
+    _in_force["threads"] = n
     return n
+
+
+# The count limit_threads applied last, and the BLAS libraries' controllers (looked up
+# once: a threadpoolctl scan takes about 5 ms, one controller's set about 4 us).
+_in_force: dict = {"threads": 1, "blas": None}
+
+
+def threads_in_force() -> int:
+    """The thread count :func:`limit_threads` applied last (1 before it ran)."""
+    return _in_force["threads"]
+
+
+@contextlib.contextmanager
+def blas_single_threaded() -> Iterator[None]:
+    """Run BLAS on one thread inside, as many as :func:`limit_threads` set afterwards.
+
+    For a region whose own threads each call BLAS: with BLAS's pool at T threads too,
+    T threads calling it would run T*T on T cores (a GEMM inside a parallel region runs
+    single-threaded; outside one, the GEMM's own threads are the region).
+    """
+    if _in_force["blas"] is None:
+        from threadpoolctl import ThreadpoolController
+
+        _in_force["blas"] = ThreadpoolController().select(user_api="blas").lib_controllers
+    for lib in _in_force["blas"]:
+        lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib in _in_force["blas"]:
+            lib.set_num_threads(_in_force["threads"])
 
 
 def thread_info() -> dict:
     """Describe the thread pools in effect (for ``python -m minidp info``)."""
+    import numba
     from threadpoolctl import threadpool_info
 
     pools = [{"library": p.get("internal_api"), "threads": p.get("num_threads"),
               "version": p.get("version")} for p in threadpool_info()]
+    try:  # known once a parallel kernel ran: tbb, omp or workqueue, whichever loaded first
+        layer = numba.threading_layer()
+    except ValueError:
+        layer = f"not loaded yet (asked for: {numba.config.THREADING_LAYER})"
     n, reason = choice()
-    return {"local_ranks": local_rank_count(), "cores": available_cores(),
-            "threads_per_rank": n, "chosen_by": reason, "pools": pools}
+    cores, ranks = available_cores(), local_rank_count()
+    return {"local_ranks": ranks, "cores": cores, "threads_per_rank": n, "chosen_by": reason,
+            "pools": pools, "numba_threading_layer": layer,
+            "how_to_set": (
+                "ranks per node: the launcher's (mpiexec -n / -ppn, srun --ntasks-per-node); "
+                "threads per rank: MINIDP_NUM_THREADS (else OMP_NUM_THREADS, "
+                "SLURM_CPUS_PER_TASK, cores / ranks on the node). Keep ranks per node x "
+                f"threads per rank = the node's cores (here: {ranks} x {n} on {cores}); "
+                "benchmarks/bench_layouts.py measures which split is fastest for a model")}

@@ -236,7 +236,7 @@ def test_virtual_nodes_across_hosts_are_refused_naming_them(runs):
     h0, h1 = runs["names"]
     for rank in range(4):
         message = (runs["tmp"] / "across" / f"error-{rank}.txt").read_text()
-        assert message == (f"rank {rank}: ranks_per_node 4: virtual node 0 (ranks 0-3) spans "
+        assert message == (f"rank {rank}: --ranks-per-node 4: virtual node 0 (ranks 0-3) spans "
                            f"machines (ranks 0-1 on {h0}; ranks 2-3 on {h1}), but a node's "
                            "ranks share memory; allowed here: 1, 2, or none to take MPI's "
                            "nodes")

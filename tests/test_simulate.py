@@ -7,6 +7,7 @@ import os
 import pytest
 
 from minidp.comm.network import NetworkModel, ring_traffic
+from minidp.reporting import launcher
 from minidp.simulate.command import add_arguments, main
 from minidp.simulate.costs import (
     Cluster,
@@ -203,3 +204,31 @@ def test_validation_runs_the_real_2x2_job_beside_its_prediction(synthetic_data_d
     charged = batches * NetworkModel(50, 1).seconds(*ring_traffic(4, s.nbytes))
     assert row.measured_s >= charged > 0, (row.measured_s, charged)
     assert row.predicted.seconds >= charged and row.predicted.batches == batches
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--net-latency-us", "2e6"], "--net-latency-us: got 2000000.0, allowed: a finite number "
+                                  "in [0, 1e+06] (microseconds per message)"),
+    (["--net-bandwidth-gbps", "1e-9"], "--net-bandwidth-gbps: got 1e-09, allowed: 0 "
+                                       "(unlimited) or a finite number in [0.001, 1e+06]"),
+    (["--strategy", "daso", "--set", "daso.staleness_weight=inf"],
+     "daso.staleness_weight: got inf, allowed: a finite number, a float > 0"),
+], ids=["latency", "bandwidth", "option"])
+def test_what_train_refuses_simulate_refuses_in_trains_words(capsys, flags, message):
+    assert main(["--nodes", "2", "--step-ms", "1", "--mem-gbps", "5", *flags]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_a_validation_run_that_fails_is_one_line_and_exit_1(tmp_path, capsys):
+    not_a_directory = tmp_path / "data"
+    not_a_directory.write_text("a user's file\n")
+    assert main(["--nodes", "1", "--ranks-per-node", "1", "--strategy", "sync", "--model",
+                 "mlp", "--dataset", "synthetic", "--samples", "512", "--epochs", "1",
+                 "--step-ms", "1", "--mem-gbps", "5", "--validate", "--data-dir",
+                 str(not_a_directory)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: simulate --validate: a run failed (exit 2), its last line: "
+                          "error: "), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"-- the run: {launcher.mpiexec()} " in err
+    assert not_a_directory.read_text() == "a user's file\n"

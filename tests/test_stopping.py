@@ -79,7 +79,7 @@ def test_a_signal_stops_between_batches_and_resume_is_bit_exact(tmp_path, data_d
     again = train(common + ["--out", parts, "--resume"], nprocs, data_dir)
     assert again.returncode == 0, again.output
     batch = int(stopped_at[-5:])
-    assert f"resuming after epoch {int(stopped_at[6:10])}, batch {batch}" in again.output
+    assert f"resuming in epoch {int(stopped_at[6:10]) + 1}, after batch {batch}" in again.output
     models_equal(whole, parts)
     for a, b in zip(metrics(whole), metrics(parts), strict=True):
         assert (a["epoch"], a["train_loss"], a["test_accuracy"], a["samples"]) == \
@@ -146,9 +146,11 @@ def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_one(tmp_path, data
     launch = train(EXACT + ["--out", out, "--inject-fault", "1:2:kill-in-save"], 2, data_dir)
     assert launch.returncode not in (0, None) and not launch.killed, launch.output
     checkpoints = os.path.join(out, "checkpoints")
-    assert sorted(os.listdir(checkpoints)) == ["epoch-0001", "epoch-0002.tmp"]
+    run_id = json.load(open(os.path.join(out, "run.json")))["minidp_run"]["run_id"]
+    scratch = f"epoch-0002.tmp-{run_id}"  # the run's scratch directory: its id in the name
+    assert sorted(os.listdir(checkpoints)) == ["epoch-0001", scratch]
     # rank 1 had written its file when it was killed; the directory was never renamed
-    assert "rank-00001.npz" in os.listdir(os.path.join(checkpoints, "epoch-0002.tmp"))
+    assert "rank-00001.npz" in os.listdir(os.path.join(checkpoints, scratch))
     assert not os.path.exists(os.path.join(out, "model.npz"))
     again = train(EXACT + ["--out", out, "--resume"], 2, data_dir)
     assert again.returncode == 0, again.output

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from spmd import ROOT, WATCHDOG_FIRED, run_spmd
+from spmd import ROOT, WATCHDOG_FIRED, finish_job, run_spmd, start_job
 
 from minidp.io import mdp
 from minidp.run.config import TrainConfig
@@ -26,20 +26,35 @@ def data_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("data"))
 
 
-def train(args, nprocs, data_dir, timeout=180, env=None):
+HANG_S = 900  # a hang guard for one job, never a bound a test asserts: a loaded machine
+# may take minutes where an idle one takes seconds
+
+
+def train(args, nprocs, data_dir, timeout=HANG_S, env=None):
     if "--batch-size" not in args and "--global-batch-size" not in args:
         args = args + ["--batch-size", "16"]
     return run_spmd(QUICK + ["--data-dir", data_dir] + args, nprocs, timeout=timeout, env=env)
 
 
-def train_here(args, cwd, data_dir, env=None, timeout=120):
-    """One rank, no mpiexec, in the working directory ``cwd``: (exit status, output)."""
+def start_here(args, cwd, data_dir, env=None):
+    """Start one rank, no mpiexec, in the working directory ``cwd`` (:func:`train_here`)."""
     full = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                 **(env or {}))
-    proc = subprocess.run([sys.executable, *QUICK, "--data-dir", data_dir, "--batch-size", "16",
-                           *args], cwd=cwd, env=full, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout
+    return start_job([sys.executable, *QUICK, "--data-dir", data_dir, "--batch-size", "16",
+                      *args], cwd, full)
+
+
+def train_here(args, cwd, data_dir, env=None):
+    """One rank, no mpiexec, in the working directory ``cwd``: (exit status, output).
+
+    Started as :func:`spmd.start_job` starts a job: in a process group of its own, its
+    MPI shared-memory files watched; a job still running after :data:`HANG_S` seconds
+    is killed (what it mapped removed) and fails the test.
+    """
+    proc = start_here(args, cwd, data_dir, env)
+    output, killed = finish_job(proc, HANG_S)
+    assert not killed, f"still running after {HANG_S} s (a hang):\n{output}"
+    return proc.returncode, output
 
 
 def epochs_in(out):
@@ -105,8 +120,8 @@ def test_resume_reaches_exactly_the_uninterrupted_state(tmp_path, data_dir):
     (["--set", "sync.k=2"], 2, "strategy 'sync': unknown option(s) k; valid options: (none)"),
     (["--strategy", "easgd"], 2, "--strategy: got 'easgd', allowed: sync, hsgd, hbsgd, daso, "
                                  "asgd, amsgd, hogwild, softsync, dbs"),
-    (["--ranks-per-node", "3"], 4, "ranks_per_node 3 must be a positive divisor of the world "
-                                   "size 4"),
+    (["--ranks-per-node", "3"], 4, "--ranks-per-node: got 3 for the job's 4 ranks (mpiexec -n "
+                                   "4), allowed: a divisor of 4 (1, 2, 4)"),
     (["--global-batch-size", "2"], 4, "--global-batch-size: got 2, allowed: a multiple of the "
                                       "4 workers"),
     (["--batch-size", "400"], 4, "batch size 400 for"),
@@ -121,7 +136,7 @@ def test_bad_input_is_a_clear_error_and_a_nonzero_exit(tmp_path, data_dir, args,
     toml = tmp_path / "run.toml"
     toml.write_text('nesterov = "false"\n')
     args = [str(toml) if a == "{toml}" else a for a in args]
-    launch = train(args + ["--out", str(tmp_path / "bad")], nprocs, data_dir, timeout=90)
+    launch = train(args + ["--out", str(tmp_path / "bad")], nprocs, data_dir)
     ended_alike(launch, 2)
     assert message in launch.output
     assert launch.output.count("error: ") == 1, launch.output  # every rank alike: rank 0's
@@ -160,11 +175,11 @@ def test_bad_input_issue_29_lists_is_one_line_and_status_2(tmp_path, data_dir, a
     args = [a.format(fifos=fifos) for a in args] + ["--out", str(tmp_path / "bad")]
     message = message.format(data=data_dir, fifos=fifos)
     if nprocs == 1:  # one process, no mpiexec: what the error costs, not the launcher
-        status, output = train_here(args, str(tmp_path), data_dir, env=env, timeout=90)
+        status, output = train_here(args, str(tmp_path), data_dir, env=env)
         assert status == 2 and "Traceback" not in output, output
         assert output.strip().splitlines()[-1].startswith(message), output
     else:
-        launch = train(args, nprocs, data_dir, timeout=90, env=env)
+        launch = train(args, nprocs, data_dir, env=env)
         ended_alike(launch, 2)
         assert message in launch.output and launch.output.count("error: ") == 1, launch.output
     assert not os.path.exists(tmp_path / "bad")  # refused before the directory was claimed
@@ -195,9 +210,9 @@ def test_a_reused_out_is_refused_and_overwrite_replaces_it(tmp_path, data_dir):
     claim = json.load(open(os.path.join(out, "run.json")))["minidp_run"]
     assert output.strip().splitlines()[-1] == (
         f"error: --out '{out}' holds another run (run.json, metrics.jsonl, summary.json, "
-        f"model.npz, checkpoints, trace.json; pid {claim['pid']} on host {claim['host']} at "
-        f"{claim['time']}); pass --resume to continue it, --overwrite to replace it, or no "
-        "--out for a new directory under runs/")
+        f"model.npz, checkpoints, trace.json; pid {claim['pid']} on host {claim['host']} "
+        f"(started {claim['started']})); pass --resume to continue it, --overwrite to replace "
+        "it, or no --out for a new directory under runs/")
     status, output = train_here(again + ["--overwrite"], str(tmp_path), data_dir)
     assert status == 0, output
     assert (f"--overwrite: removing run.json, metrics.jsonl, summary.json, model.npz, "
@@ -247,7 +262,7 @@ def test_resume_auto_starts_then_continues(tmp_path, data_dir):
 def test_a_bad_environment_variable_is_a_user_error_not_a_crash(tmp_path, data_dir):
     env = {"MINIDP_COMM_TIMEOUT": "5m"}
     proc = subprocess.run([sys.executable, "-m", "minidp", "--help"], cwd=ROOT, text=True,
-                          env=dict(os.environ, **env), capture_output=True, timeout=60)
+                          env=dict(os.environ, **env), capture_output=True, timeout=HANG_S)
     assert proc.returncode == 0 and "train" in proc.stdout, proc.stderr
     status, output = train_here([], str(tmp_path), data_dir, env=env)
     assert status == 2
@@ -266,7 +281,8 @@ def test_console_script_is_python_m_mpi4py_m_minidp():
     assert name == "minidp" and function == "console"
     console = getattr(importlib.import_module(module), function)
     launch = run_spmd(["-c", "import sys; from minidp.__main__ import console; "
-                       "sys.argv[1:] = ['info']; console()"], 2, under_mpi4py=False, timeout=60)
+                       "sys.argv[1:] = ['info']; console()"], 2, under_mpi4py=False,
+                       timeout=HANG_S)
     assert launch.returncode == 0, launch.output
     assert launch.output.count('"mpi_world_size": 2') == 2 and callable(console)
 
@@ -281,8 +297,8 @@ def test_resume_auto_never_deletes_what_minidp_did_not_write(tmp_path, data_dir)
     assert status == 2, output
     assert output.strip().splitlines()[-1] == (
         f"error: --out '{out}' holds summary.json, checkpoints but no run of minidp's (its "
-        "run.json is missing or not minidp's), and minidp deletes only what it wrote; move them "
-        "away, or choose another --out")
+        "run.json is missing), and minidp touches only what it wrote; move them away, or choose "
+        "another --out")
     assert sorted(p.name for p in out.rglob("*")) == ["checkpoints", "resnet50_epoch90.pt",
                                                       "summary.json"]
 
@@ -298,7 +314,7 @@ def test_two_jobs_started_together_on_one_out_one_is_refused(tmp_path, data_dir)
     refused = next(launch for launch in launches if launch.returncode == 2)
     ended_alike(refused, 2)
     claim = json.load(open(os.path.join(out, "run.json")))["minidp_run"]
-    assert re.search(rf"error: --out '{re.escape(out)}' (was claimed by another job \(|holds "
+    assert re.search(rf"error: --out '{re.escape(out)}' (is in use by a running job: |holds "
                      rf"another run \([a-z., ]+; )pid {claim['pid']} on host ", refused.output)
     assert refused.output.count("error: ") == 1, refused.output
     assert epochs_in(out) == [1]  # one run's rows, not two
@@ -339,7 +355,8 @@ def test_resume_takes_a_new_lr_diverges_to_a_finite_checkpoint_and_refuses_other
     assert launch.output.count("error: ") == 1, launch.output
     assert (f"error: the run diverged: the test loss (nan) is not finite after epoch 2; the "
             f"last checkpoint, '{runs['diverged']}/checkpoints/epoch-0001', is finite: continue "
-            "from it with a lower rate, --resume --lr 1e+299") in launch.output
+            f"from it with a lower rate: --resume --out {runs['diverged']} --lr 1e+299") \
+        in launch.output
     assert os.listdir(os.path.join(runs["diverged"], "checkpoints")) == ["epoch-0001"]
     rows = strict_rows(runs["diverged"])
     assert [r["epoch"] for r in rows] == [1, 2] and rows[1]["test_loss"] is None
@@ -362,12 +379,13 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_tmp(tmp_path, dat
     assert status == 0, output
     limited = ["tests/scripts/train_file_limit.py", str(3_000_000), *QUICK[2:], "--data-dir",
                data_dir, "--batch-size", "16", *job, "--resume", "--stop-after", "1"]
-    launch = run_spmd(limited, 2, timeout=120)
+    launch = run_spmd(limited, 2, timeout=HANG_S)
     ended_alike(launch, 2)
     assert launch.output.count("error: ") == 1, launch.output
-    assert (f"error: cannot write '{out}/checkpoints/epoch-0002.tmp/rank-00000.npz': File too "
-            "large (EFBIG); free space there (or raise the file size limit) and run again") \
-        in launch.output
+    run_id = json.load(open(os.path.join(out, "run.json")))["minidp_run"]["run_id"]
+    assert (f"error: cannot write '{out}/checkpoints/epoch-0002.tmp-{run_id}/rank-00000.npz': "
+            "File too large (EFBIG); free space there (or raise the file size limit) and run "
+            "again") in launch.output
     assert os.listdir(os.path.join(out, "checkpoints")) == ["epoch-0001"]  # no .tmp left
     status, output = train_here(job + ["--resume"], str(tmp_path), data_dir)
     assert status == 0, output

@@ -4,8 +4,13 @@ A small shared-memory window over the ranks of each real node (one record a rank
 operation it waits in, how many of them it has called, since when, its process id).
 A rank writes its own record around every wait of :mod:`minidp.comm.guard`; when a
 wait times out, the ranks that never arrived are named from their records, which needs
-nothing from them (they are busy elsewhere, or stopped). Ranks on other real nodes are
-reported as not visible.
+nothing from them (they are busy elsewhere, or stopped). A record says what its rank
+last did, not whether the rank still runs: so the process behind it is looked at too
+(:func:`condition`), and a rank stopped (SIGSTOP, a debugger) or gone (exited, killed) is
+named as such, whatever its record says, in a collective's timeout and in a
+point-to-point one alike (a worker waiting for a stopped parameter server is told that
+the server is stopped, not that it is "waiting"). Ranks on other real nodes are reported
+as not visible.
 """
 
 from __future__ import annotations
@@ -83,12 +88,12 @@ class StatusBoard:
                 lines.append(f"rank {world_rank}: {NOT_VISIBLE}")
                 continue
             rec = self.records[slot]
-            there, halted = rec["label"].decode(errors="replace"), stopped(int(rec["pid"]))
+            there, halted = rec["label"].decode(errors="replace"), condition(int(rec["pid"]))
             if rec["label"] == _stored(label) and rec["count"] >= count and not halted:
                 continue
             state = "waiting in" if rec["waiting"] else "last in"
             # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.
-            what = f"process {rec['pid']} stopped" if halted else "never arrived"
+            what = f"process {rec['pid']} {halted}" if halted else "never arrived"
             lines.append(f"rank {world_rank}: {what} ({state} {there!r} #{rec['count']}, "
                          f"{max(0.0, now - rec['since']):.1f} s ago)")
         return lines
@@ -104,8 +109,10 @@ class StatusBoard:
             rec = self.records[slot]
             state = "waiting in" if rec["waiting"] else "last in"
             label = rec["label"].decode(errors="replace")
-            lines.append(f"rank {peer}: {state} {label!r} #{rec['count']}, "
-                         f"{max(0.0, now - rec['since']):.1f} s ago")
+            seen = f"{state} {label!r} #{rec['count']}, {max(0.0, now - rec['since']):.1f} s ago"
+            halted = condition(int(rec["pid"]))
+            lines.append(f"rank {peer}: process {rec['pid']} {halted} ({seen})" if halted
+                         else f"rank {peer}: {seen}")
         return lines
 
 
@@ -114,10 +121,18 @@ def _stored(label: str) -> bytes:
     return label.encode()[:RECORD["label"].itemsize]
 
 
-def stopped(pid: int) -> bool:
-    """Whether process ``pid`` of this machine is stopped (Linux's state T or t)."""
+def condition(pid: int) -> str | None:
+    """``"stopped"``, ``"is gone"``, or None for process ``pid`` of this machine running.
+
+    Linux's state: T or t is stopped (SIGSTOP, a debugger), Z or X has exited (not yet
+    reaped), no ``/proc`` entry is gone. Where ``/proc`` cannot be read (another system),
+    None: nothing is claimed.
+    """
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "is gone" if os.path.isdir("/proc/self") else None
     except (OSError, IndexError):
-        return False
+        return None
+    return "stopped" if state in ("T", "t") else "is gone" if state in ("Z", "X") else None

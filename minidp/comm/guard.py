@@ -94,27 +94,37 @@ def set_debug(on: bool) -> None:
 def comm_timeout() -> float:
     """Seconds a wait may take: :func:`set_timeout`'s, else ``MINIDP_COMM_TIMEOUT`` (300)."""
     if "timeout" not in _settings:
-        text = os.environ.get("MINIDP_COMM_TIMEOUT", "").strip()
-        try:
-            seconds = float(text) if text else 300.0
-        except ValueError:
-            seconds = math.nan
-        if not (math.isfinite(seconds) and seconds >= MIN_TIMEOUT_S):
-            raise ValueError(f"MINIDP_COMM_TIMEOUT: got {text!r}, allowed: a number of seconds "
-                             f">= {MIN_TIMEOUT_S:g} (e.g. 300)")
-        _settings["timeout"] = seconds
+        _settings["timeout"] = timeout_from_environment()
     return _settings["timeout"]
+
+
+def timeout_from_environment() -> float:
+    """``MINIDP_COMM_TIMEOUT`` in seconds (300 when unset); ValueError naming a bad value."""
+    text = os.environ.get("MINIDP_COMM_TIMEOUT", "").strip()
+    try:
+        seconds = float(text) if text else 300.0
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= MIN_TIMEOUT_S):
+        raise ValueError(f"MINIDP_COMM_TIMEOUT: got {text!r}, allowed: a number of seconds "
+                         f">= {MIN_TIMEOUT_S:g} (e.g. 300)")
+    return seconds
 
 
 def debug_checks() -> bool:
     """Whether :func:`check_same` checks: :func:`set_debug`'s, else ``MINIDP_DEBUG`` (off)."""
     if "debug" not in _settings:
-        text = os.environ.get("MINIDP_DEBUG", "")
-        if text.strip().lower() not in _SWITCH:
-            raise ValueError(f"MINIDP_DEBUG: got {text!r}, allowed: 0 or 1 (also false/true, "
-                             "no/yes, off/on)")
-        _settings["debug"] = _SWITCH[text.strip().lower()]
+        _settings["debug"] = debug_from_environment()
     return _settings["debug"]
+
+
+def debug_from_environment() -> bool:
+    """``MINIDP_DEBUG`` as a switch (off when unset); ValueError naming a bad value."""
+    text = os.environ.get("MINIDP_DEBUG", "")
+    if text.strip().lower() not in _SWITCH:
+        raise ValueError(f"MINIDP_DEBUG: got {text!r}, allowed: 0 or 1 (also false/true, "
+                         "no/yes, off/on)")
+    return _SWITCH[text.strip().lower()]
 
 
 _SET_UP = "topology set-up: status board"

@@ -6,6 +6,20 @@ rail across nodes (DASO's global sync, blocking or not), and broadcast inside a 
 from one local rank (DASO after a receive). Each goes through the same accounting as
 ``allreduce``: node operations are timed as ``comm_intra``, rail operations as
 ``comm_inter`` and charged by the network model.
+
+A strategy's step calls them by what moves where, so that it reads as its paper::
+
+    world_mean(grad, topology, algorithm)   every rank: the world's mean (allreduce)
+    node_mean(grad, topology)               every rank of the node: the node's mean
+    rail_sum(x, topology)                   the ranks of one rail: the sum over the nodes
+    rail_sum_start(x, topology).wait()      the same, overlapped with the next batches
+    rail_mean(x, topology)                  the rail's mean
+    node_broadcast(x, topology, root)       local rank root's x to the node
+    node_sync(window, ...)                  stores into node windows seen by the node
+
+Each is the general call with its operation filled in (``allreduce(..., op="mean")``,
+``node_allreduce``, ``rail_allreduce``, ``rail_iallreduce``); what they time, count,
+charge and wait for with a timeout is below them, never in the strategy.
 """
 
 from __future__ import annotations
@@ -16,11 +30,11 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp.comm import guard
-from minidp.comm.allreducers import AllreduceRequest, Buffer, check_buffer
+from minidp.comm.allreducers import AllreduceRequest, Buffer, allreduce, check_buffer
 from minidp.comm.allreducers.base import node_bytes
 from minidp.comm.allreducers.hierarchical import NodeSlices, RailAllreduce
 from minidp.comm.network import charged
-from minidp.comm.shared import NodeBuffer
+from minidp.comm.shared import NodeBuffer, SharedArray
 from minidp.comm.topology import Topology
 
 
@@ -39,9 +53,9 @@ def node_allreduce(buffer: Buffer, topology: Topology, op: str = "mean") -> np.n
             slices = NodeSlices(buffer, topology)
             # A mean divides each block of the sum while it is in cache: the bits of a
             # division afterwards, without a pass over the whole buffer on every rank.
-            slices.sum_slice(broadcast=True,
-                             divisor=topology.local_size if op == "mean" else 1)
-            slices.finish(broadcast=False)
+            slices.sum_slice(copy_back=True,
+                             mean_over=topology.local_size if op == "mean" else 1)
+            slices.publish()
     return array
 
 
@@ -66,7 +80,7 @@ def node_slice_mean(buffer: NodeBuffer, topology: Topology) -> tuple[slice, np.n
     guard.check_same(topology.node, "node slice mean", array)
     with charged("intra", "node_reduce", 0, node_bytes(array, topology)):
         slices = NodeSlices(buffer, topology)
-        mean = slices.sum_slice(broadcast=False, divisor=topology.local_size)
+        mean = slices.sum_slice(mean_over=topology.local_size)
     return slices.mine, mean
 
 
@@ -94,6 +108,40 @@ def rail_iallreduce(buffer: np.ndarray, topology: Topology, op: str = "sum",
     check_buffer(buffer, "mpi", op, topology.rank)
     guard.check_same(topology.cross, f"rail iallreduce {op}", buffer)
     return RailAllreduce(buffer, topology, True, op, waits_as)
+
+
+def world_mean(buffer: Buffer, topology: Topology, algorithm: str) -> np.ndarray:
+    """``buffer`` <- its mean over every rank of the world, by ``algorithm``; returns it."""
+    return allreduce(buffer, topology, algorithm, op="mean")
+
+
+def node_mean(buffer: Buffer, topology: Topology) -> np.ndarray:
+    """``buffer`` <- its mean over the ranks of this node (shared memory only); returns it."""
+    return node_allreduce(buffer, topology, op="mean")
+
+
+def rail_sum(buffer: np.ndarray, topology: Topology) -> np.ndarray:
+    """``buffer`` <- its sum over this rank's rail (one rank per node), blocking."""
+    return rail_allreduce(buffer, topology, op="sum")
+
+
+def rail_sum_start(buffer: np.ndarray, topology: Topology) -> AllreduceRequest:
+    """Start ``rail_sum`` of ``buffer``; ``wait()`` on the request finishes it."""
+    return rail_iallreduce(buffer, topology, op="sum")
+
+
+def rail_mean(buffer: np.ndarray, topology: Topology) -> np.ndarray:
+    """``buffer`` <- its mean over this rank's rail (one rank per node), blocking."""
+    return rail_allreduce(buffer, topology, op="mean")
+
+
+def node_sync(window: SharedArray, *others: SharedArray, what: str = "node_sync") -> None:
+    """Every rank's stores into these node windows made visible to the node: one barrier.
+
+    Timed as ``comm_intra`` under ``what`` (no bytes: the stores are the callers').
+    """
+    with charged("intra", what, 0, 0):
+        window.sync(*others)
 
 
 def node_broadcast(buffer: np.ndarray, topology: Topology, root: int) -> np.ndarray:

@@ -95,6 +95,20 @@ def machines(comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
     return list(nodes.values())
 
 
+def _layout_refused(ranks_per_node: object, size: int) -> str:
+    """Why ``--ranks-per-node`` cannot split the job's ``size`` ranks, and how to fix it."""
+    allowed = ", ".join(str(g) for g in range(1, size + 1) if size % g == 0)
+    fix = ""
+    if isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool) and \
+            ranks_per_node >= 1:
+        larger = -(-size // ranks_per_node) * ranks_per_node  # the next multiple of it
+        fix = (f", or launch a multiple of {ranks_per_node} ranks (mpiexec -n {larger}, "
+               f"{larger + ranks_per_node}, ...)")
+    return (f"--ranks-per-node: got {ranks_per_node!r} for the job's {size} ranks (mpiexec "
+            f"-n {size}), allowed: a divisor of {size} ({allowed}), so that the virtual "
+            f"nodes of that many consecutive ranks are all full; give one of those{fix}")
+
+
 class Topology:
     """Roles, communicators and numbers of a P-nodes x G-ranks layout.
 
@@ -172,7 +186,7 @@ class Topology:
             allowed = [g for g in range(1, self.size + 1) if self.size % g == 0 and
                        all(inside(s, g) for s in range(0, self.size, g))]
             raise ValueError(
-                f"rank {self.rank}: ranks_per_node {ranks_per_node}: virtual node "
+                f"rank {self.rank}: --ranks-per-node {ranks_per_node}: virtual node "
                 f"{start // ranks_per_node} ({_span(block)}) spans machines ("
                 + "; ".join(f"{_span(r)} on {h}" for h, r in hosts.items())
                 + f"), but a node's ranks share memory; allowed here: "
@@ -183,8 +197,7 @@ class Topology:
             return self._machine()
         if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or \
                 ranks_per_node < 1 or self.size % ranks_per_node:
-            raise ValueError(f"rank {self.rank}: ranks_per_node {ranks_per_node!r} must be "
-                             f"a positive divisor of the world size {self.size}")
+            raise ValueError(f"rank {self.rank}: {_layout_refused(ranks_per_node, self.size)}")
         return self._split(self.rank // ranks_per_node)
 
     def _split(self, color: int) -> MPI.Comm:
@@ -208,9 +221,12 @@ class Topology:
                                        _SET_UP)
         worker_sizes = sorted({s for s in sizes if s is not None})
         if not self.num_servers and len(worker_sizes) > 1:
-            raise ValueError(f"rank {self.rank}: uneven nodes (ranks per node {worker_sizes}"
-                             "); run the same number of ranks on every node or pass "
-                             "ranks_per_node")
+            raise ValueError(f"rank {self.rank}: uneven nodes: MPI placed {worker_sizes} "
+                             "ranks on the job's machines, and every hierarchical mean is "
+                             "a mean of equal nodes; launch the same number of ranks on "
+                             "every machine (mpiexec's placement), or give --ranks-per-node G "
+                             f"with G dividing the {self.size} ranks (virtual nodes of G "
+                             "consecutive ranks)")
         cross = self._split(self.local_rank if worker else MPI.UNDEFINED)
         self.cross = cross if worker else None
         self.leaders = self.cross if worker and self.local_rank == 0 else None

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from minidp.io.filesystem import open_regular
+
 PIXELS = 3 * 32 * 32
 CLASSES = 10
 # Where the batches come from and the folder their archive unpacks to.
@@ -140,7 +142,7 @@ def load_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
         ValueError: the file is not a CIFAR-10 python batch (the message names it and
             says why: a refused global, a length past the end, a wrong shape...).
     """
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         directory = os.path.dirname(path) or "."
         data_dir = (os.path.dirname(directory) or ".") \
             if os.path.basename(directory) == UNPACKED else directory
@@ -150,8 +152,8 @@ def load_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
             f"directory (tar xzf {ARCHIVE} -C {data_dir}), which gives "
             f"{os.path.join(data_dir, UNPACKED)}/ holding data_batch_1 ... data_batch_5 and "
             f"test_batch; point --data-dir at {data_dir}")
-    with open(path, "rb") as f:
-        raw = f.read()
+    with open_regular(path, ("CIFAR-10 batch", f"a python batch file of {ARCHIVE}")) as f:
+        raw = f.read()  # never a FIFO or a device, which could wait for ever
     try:
         # A protocol-0 string with an unknown escape warns (DeprecationWarning); it is
         # refused or loaded like any other, so the warning says nothing here.

@@ -23,6 +23,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from minidp.io.filesystem import open_regular
+
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 _PIECE = 1 << 24  # bytes decompressed at a time
 
@@ -44,16 +46,19 @@ def read_idx(path: str) -> np.ndarray:
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: the file is not valid IDX (bad magic, unknown type, truncated or too long,
-            or not decompressible).
+            or not decompressible), or not a regular file (a FIFO, a device: never opened).
     """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"IDX file '{path}' does not exist")
     compressed = path.endswith(".gz")
-    try:
-        with (gzip.open if compressed else open)(path, "rb") as f:
-            return _parse(path, f, None if compressed else os.path.getsize(path))
-    except (OSError, EOFError, zlib.error) as exc:
-        raise ValueError(f"IDX file '{path}' cannot be read or decompressed: {exc}") from exc
+    # Never a FIFO or a device (opened, it could wait for ever): refused by name.
+    with open_regular(path, ("IDX file", "an IDX file, plain or .gz")) as plain:
+        try:
+            if not compressed:
+                return _parse(path, plain, os.fstat(plain.fileno()).st_size)
+            with gzip.GzipFile(fileobj=plain, mode="rb") as f:
+                return _parse(path, f, None)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ValueError(f"IDX file '{path}' cannot be read or decompressed: "
+                             f"{exc}") from exc
 
 
 def _parse(path: str, f: BinaryIO, size: int | None) -> np.ndarray:

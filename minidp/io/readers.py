@@ -41,6 +41,7 @@ from mpi4py import MPI
 from minidp import backend
 from minidp.comm import guard
 from minidp.comm.topology import Topology
+from minidp.io.filesystem import changed, open_regular, stamp_of, unreadable
 from minidp.io.mdp import (
     HEADER_SIZE,
     Header,
@@ -48,7 +49,8 @@ from minidp.io.mdp import (
     checksum,
     checksum_mismatch,
     decode,
-    read_header,
+    label_problem,
+    open_header,
 )
 
 READERS = ("memory", "mpiio", "leader", "strided")
@@ -92,19 +94,27 @@ def verify_checksum(path: str, header: Header, comm: MPI.Comm) -> None:
 
     Raises:
         ValueError: on every rank of ``comm``: the checksum differs (the message names the
-            file and the byte range, :func:`minidp.io.mdp.checksum_mismatch`).
+            file and the byte range, :func:`minidp.io.mdp.checksum_mismatch`), or a rank
+            could not read its block (the first such rank's error, naming the file).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     start, stop = block_range(rank, size, header.count)
     first, last = start * header.record_size, stop * header.record_size  # payload positions
-    mine = (0, 0)
-    with open(path, "rb") as f:
-        f.seek(HEADER_SIZE + first)
-        for a in range(first, last, VERIFY_PIECE):
-            piece = np.frombuffer(f.read(min(VERIFY_PIECE, last - a)), np.uint8)
-            mine = add_checksums(mine, checksum(piece, a))
+    mine, problem = (0, 0), None
+    try:  # a rank that cannot read its block says so in the allgather, never alone
+        with open_regular(path) as f:
+            f.seek(HEADER_SIZE + first)
+            for a in range(first, last, VERIFY_PIECE):
+                piece = np.frombuffer(f.read(min(VERIFY_PIECE, last - a)), np.uint8)
+                mine = add_checksums(mine, checksum(piece, a))
+    except (OSError, ValueError) as exc:
+        problem = unreadable(path, exc)
+    parts = guard.allgather_object(comm, (mine, problem), "dataset checksum")
+    problems = [p for _, p in parts if p]
+    if problems:
+        raise ValueError(f"rank {rank}: {problems[0]}")
     total = (0, 0)
-    for part in guard.allgather_object(comm, mine, "dataset checksum"):
+    for part, _ in parts:
         total = add_checksums(total, part)
     if total != header.checksum:
         raise ValueError(f"rank {rank}: {checksum_mismatch(path, header, total)}")
@@ -153,7 +163,8 @@ class Reader(abc.ABC):
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.path, self.seed = path, seed
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.header: Header = read_header(path)
+        # The header and the stamp of one open: every epoch's read checks the stamp first.
+        self.header, self.stamp = open_header(path)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or limit < 1):
             raise ValueError(f"rank {self.rank}: sample limit: got {limit!r}, allowed: a "
@@ -206,6 +217,15 @@ class Reader(abc.ABC):
         """Collectively check the payload checksum (:func:`verify_checksum` over ``comm``)."""
         verify_checksum(self.path, self.header, self.comm)
 
+    def changed(self) -> str | None:
+        """Why the path no longer names the file this reader opened, or None.
+
+        Checked before every read (a FIFO moved in would block the open, a shorter file
+        would be read past its end, which Open MPI's collective read never returns
+        from) and after it (a file written in place while it was read).
+        """
+        return changed(self.path, self.stamp)
+
     def short_read(self, first: int, end: int, size: int) -> str | None:
         """The problem of reading file bytes [first, end) from a file now ``size`` bytes long."""
         if size >= end:
@@ -215,16 +235,26 @@ class Reader(abc.ABC):
                 "(truncated or replaced while the run read it); prepare it again")
 
     def agree_whole(self, problem: str | None) -> None:
-        """Collectively raise the first rank's short read, on every rank alike (exit 2).
+        """Collectively raise the first rank's problem with its read, on every rank alike.
 
-        A read past the end of a truncated file returns fewer bytes, and the rest of the
-        buffer would be decoded as records; only the reading rank sees it, so the ranks
-        compare (one small allgather per block read) and all end with the same error.
+        A problem one rank finds in what it read (the file changed, cut short, a label
+        out of range) is its own: had it raised alone, the others would wait for it in
+        their next collective and the job would be aborted, with a message per rank. The
+        ranks compare (one small allgather per read), so all end with the same error,
+        printed once, exit 2.
         """
-        problems = [p for p in guard.allgather_object(self.comm, problem, "dataset read whole")
-                    if p]
-        if problems:
-            raise ValueError(f"rank {self.rank}: {problems[0]}")
+        problem = first_problem(self.comm, problem, "dataset read whole")
+        if problem:
+            raise ValueError(f"rank {self.rank}: {problem}")
+
+
+def first_problem(comm: MPI.Comm, problem: str | None, operation: str) -> str | None:
+    """The first rank's problem of ``comm`` (in rank order), the same on every rank, or None.
+
+    ``operation`` names the step on the status board (a rank that never comes is named).
+    """
+    problems = [p for p in guard.allgather_object(comm, problem, operation) if p]
+    return problems[0] if problems else None
 
 
 class MemoryReader(Reader):
@@ -234,9 +264,18 @@ class MemoryReader(Reader):
                  limit: int | None = None) -> None:
         super().__init__(path, comm, seed, limit)
         wanted = self.count * self.header.record_size
-        raw = np.fromfile(path, dtype=np.uint8, offset=HEADER_SIZE, count=wanted)
-        self.agree_whole(self.short_read(HEADER_SIZE, HEADER_SIZE + wanted,
-                                         HEADER_SIZE + raw.size))
+        raw, problem = np.empty(0, np.uint8), None
+        try:
+            with open_regular(path) as f:  # the file whose header was read, or an error
+                problem = changed(path, self.stamp, stamp_of(f))
+                if problem is None:
+                    f.seek(HEADER_SIZE)
+                    raw = np.fromfile(f, dtype=np.uint8, count=wanted)
+                    problem = self.short_read(HEADER_SIZE, HEADER_SIZE + wanted,
+                                              HEADER_SIZE + raw.size)
+        except (OSError, ValueError) as exc:
+            problem = unreadable(path, exc)
+        self.agree_whole(problem or label_problem(path, raw, self.header, 0))
         self.x, self.y = decode(raw, self.header)
 
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
@@ -262,7 +301,14 @@ class MPIIOReader(Reader):
         return (self.rank + epoch) % self.size
 
     def read_block(self, epoch: int) -> list[np.ndarray]:
-        """This rank's block of ``epoch`` as raw byte pieces of at most max_bytes each."""
+        """This rank's block of ``epoch`` as raw byte pieces of at most max_bytes each.
+
+        Before the collective open, the ranks agree that the path still names the file
+        they opened; no read asks for bytes past the end the open file has (Open MPI's
+        collective read past the end of a file never returns); after the reads, the
+        ranks agree on what they found (a file cut short or changed while they read, a
+        label out of range), so every problem is one error on every rank.
+        """
         rs = self.header.record_size
         start, stop = block_range(self.block_of(epoch), self.size, self.count)
         per_piece = max(1, self.max_bytes // rs)
@@ -270,25 +316,31 @@ class MPIIOReader(Reader):
         largest = -(-self.count // self.size)
         calls = -(-largest // per_piece)
         pieces = []
+        problem = first_problem(self.comm, self.changed(), "dataset file check")
+        if problem:  # on every rank alike, before anything is opened
+            raise ValueError(f"rank {self.rank}: {problem}")
         # Open, the reads and Close are collective: each is timed, naming a rank that
         # never comes. No try/finally: after a failed read the other ranks are not in a
         # Close, and the job ends.
         fh = open_for_blocks(self.comm, self.path)
+        size, problem = fh.Get_size(), None
         for c in range(calls):
             a = min(start + c * per_piece, stop)
             b = min(a + per_piece, stop)
             buf = np.empty((b - a) * rs, dtype=np.uint8)
-            guard.wait(fh.Iread_at_all(HEADER_SIZE + a * rs, buf), self.comm,
+            there = max(0, min(buf.size, size - (HEADER_SIZE + a * rs)))
+            guard.wait(fh.Iread_at_all(HEADER_SIZE + a * rs, buf[:there]), self.comm,
                        "read dataset block")
             self.read_calls += 1
             if b > a:
                 pieces.append(buf)
+                problem = problem or label_problem(self.path, buf[:there], self.header, a)
         # MPICH's status of a non-blocking read counts the bytes asked, not those read:
         # the file's size after the read says whether the block was there.
         short = self.short_read(HEADER_SIZE + start * rs, HEADER_SIZE + stop * rs,
-                                fh.Get_size()) if stop > start else None
+                                min(size, fh.Get_size())) if stop > start else None
         guard.collective(self.comm, "close dataset file", fh.Close)
-        self.agree_whole(short)
+        self.agree_whole(short or self.changed() or problem)
         return pieces
 
     def epoch(self, epoch: int, batch_size: int = 1) -> EpochStream:
@@ -339,16 +391,21 @@ class LeaderReader(Reader):
         nbytes = (stop - start) * rs
         node, leaders = self.topology.node, self.topology.leaders
         guard.collective(node, "dataset window fence", self.window.Fence)
-        short = None
+        problem = None
         if self.topology.is_leader:  # as in MPIIOReader.read_block: every step timed
-            fh = open_for_blocks(leaders, self.path)
-            guard.wait(fh.Iread_at_all(HEADER_SIZE + start * rs, self.shared[:nbytes]),
-                       leaders, "read dataset block")
-            short = self.short_read(HEADER_SIZE + start * rs, HEADER_SIZE + stop * rs,
-                                    fh.Get_size()) if stop > start else None
-            guard.collective(leaders, "close dataset file", fh.Close)
+            problem = first_problem(leaders, self.changed(), "dataset file check")
+            if problem is None:
+                fh = open_for_blocks(leaders, self.path)
+                there = max(0, min(nbytes, fh.Get_size() - HEADER_SIZE - start * rs))
+                guard.wait(fh.Iread_at_all(HEADER_SIZE + start * rs, self.shared[:there]),
+                           leaders, "read dataset block")
+                short = self.short_read(HEADER_SIZE + start * rs, HEADER_SIZE + stop * rs,
+                                        fh.Get_size()) if stop > start else None
+                guard.collective(leaders, "close dataset file", fh.Close)
+                problem = short or self.changed() or label_problem(
+                    self.path, self.shared[:there], self.header, start)
         guard.collective(node, "dataset window fence", self.window.Fence)
-        self.agree_whole(short)
+        self.agree_whole(problem)
         order = epoch_rng(self.seed, epoch, self.topology.node_id).permutation(stop - start)
         n, k = self.samples_per_rank, self.topology.local_rank
         records = self.shared[:nbytes].view(self.header.record_dtype)
@@ -373,18 +430,20 @@ class StridedReader(Reader):
         """Raw bytes of the given records, one independent File.Read_at call per record."""
         rs = self.header.record_size
         raw = np.empty(len(indices) * rs, dtype=np.uint8)
-        fh = MPI.File.Open(MPI.COMM_SELF, self.path, MPI.MODE_RDONLY)
-        short = None
-        try:
-            for k, i in enumerate(indices):
-                fh.Read_at(HEADER_SIZE + int(i) * rs, raw[k * rs:(k + 1) * rs])
-            if len(indices):
+        problem = self.changed()
+        if problem is None and len(indices):
+            fh = MPI.File.Open(MPI.COMM_SELF, self.path, MPI.MODE_RDONLY)
+            try:
+                for k, i in enumerate(indices):
+                    fh.Read_at(HEADER_SIZE + int(i) * rs, raw[k * rs:(k + 1) * rs])
                 last = HEADER_SIZE + (int(indices.max()) + 1) * rs
-                short = self.short_read(HEADER_SIZE + int(indices.min()) * rs, last,
-                                        fh.Get_size())
-        finally:
-            fh.Close()
-        self.agree_whole(short)
+                problem = self.short_read(HEADER_SIZE + int(indices.min()) * rs, last,
+                                          fh.Get_size())
+            finally:
+                fh.Close()
+            problem = problem or self.changed() or label_problem(self.path, raw, self.header,
+                                                                 indices)
+        self.agree_whole(problem)
         return raw
 
 

@@ -8,31 +8,50 @@ Both files' checksums are verified when they are opened (unless ``--no-verify``)
 the whole world, servers included: every rank then reaches the same verdict, and a
 corrupt file is one error, the same on every rank (exit 2), instead of a run that trains
 on it without a word. The cost is one read of each file, split over the ranks
-(docs/reliability.md gives it).
+(docs/reliability.md gives it). The two files must describe one task: the same number
+of classes, sample shape and sample dtype (the model is built from the training file's
+header, and a sample dtype decides the normalisation).
+
+The files are the run's for the whole run. Every rank stamps both when it reads their
+headers (:class:`minidp.io.filesystem.Stamp`: device, inode, size, mtime, header CRC),
+and every epoch (:meth:`TrainingData.batches`, collective over the world) the workers
+read their samples, then every rank compares both paths' stamps with its own and the
+world agrees: a file moved in or written in place since the run opened it stops the
+run, with one message naming the file on every rank (exit 2), before anything of that
+epoch is trained or saved. The checkpoints' record of the files (:func:`file_identity`)
+is therefore what the run trained on. A problem with one worker's read (a file cut
+short, a label out of range) is agreed the same way, servers included, so it ends the
+job as one error and not as an abort.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from minidp.comm import Topology, guard
 from minidp.io.datasets import NORMALIZATION, normalize
-from minidp.io.mdp import Header, OldVersion, decode, read_header
-from minidp.io.prepare import dataset_paths, prepare_dataset
+from minidp.io.filesystem import Stamp, changed
+from minidp.io.mdp import Header, OldVersion, decode, open_header
+from minidp.io.prepare import PrepareError, dataset_paths, prepare_dataset
 from minidp.io.readers import (
     EpochStream,
     LeaderReader,
     MPIIOReader,
     Reader,
     epoch_rng,
+    first_problem,
     open_reader,
     verify_checksum,
 )
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 TEST_BATCH = 1000  # samples per forward pass of the evaluation
 
@@ -93,6 +112,10 @@ class TrainingData:
         seed: the run's seed (the order of extra passes).
         rank: this rank in the world.
         ranks: the world's size.
+        stamps: each file's stamp when this rank read its header (``path: Stamp``),
+            compared at every epoch; none: nothing compared.
+        world: the communicator over which the ranks agree on the files every epoch;
+            None: this rank alone (a replay).
     """
 
     reader: Reader | None
@@ -105,6 +128,8 @@ class TrainingData:
     seed: int
     rank: int
     ranks: int
+    stamps: dict[str, Stamp] = dataclasses.field(default_factory=dict)
+    world: MPI.Comm | None = None
 
     def batches_per_epoch(self, batch_size: int) -> int:
         """A worker's batches of ``batch_size`` per epoch; a batch above its share is an error."""
@@ -119,9 +144,40 @@ class TrainingData:
         mean, std = NORMALIZATION[self.dataset]
         return normalize(x, mean, std).astype(dtype, copy=False)
 
-    def batches(self, epoch: int, batch_size: int, dtype: np.dtype, asked_by: str) -> Batches:
-        """This worker's batches of ``epoch`` (``batch_size``: the reader's unit)."""
-        return Batches(self.reader.epoch(epoch, batch_size), self, dtype, epoch, asked_by)
+    def batches(self, epoch: int, batch_size: int, dtype: np.dtype,
+                asked_by: str) -> Batches | None:
+        """This worker's batches of ``epoch`` (``batch_size``: the reader's unit); None on a server.
+
+        Collective over ``world``: every rank calls it at the start of every epoch, and
+        the ranks agree that the workers' reads went well and that both files are the
+        ones the run opened (:meth:`check_files`).
+
+        Raises:
+            ValueError: on every rank alike: a file changed, a read or a label that failed
+                on some worker (the first in rank order).
+        """
+        stream, problem = None, None
+        if self.reader is not None:
+            try:
+                stream = self.reader.epoch(epoch, batch_size)
+            except (OSError, ValueError) as exc:  # the reader's agreed error, or its own
+                problem = re.sub(r"^rank \d+: ", "", str(exc))
+        self.check_files(problem)
+        return None if stream is None else Batches(stream, self, dtype, epoch, asked_by)
+
+    def check_files(self, problem: str | None = None) -> None:
+        """Raise on every rank if a rank has ``problem``, or finds a file no longer the same.
+
+        Each rank compares the paths' stamps with those it took when it read the
+        headers, then the ranks of ``world`` compare their findings (one small
+        allgather), so a change one rank sees stops all of them with its message.
+        """
+        for path, opened in self.stamps.items():
+            problem = problem or changed(path, opened)
+        if self.world is not None:
+            problem = first_problem(self.world, problem, "dataset files check")
+        if problem:
+            raise ValueError(f"rank {self.rank}: {problem}")
 
     def test_batches(self, dtype: np.dtype) -> Iterator[tuple[Any, np.ndarray]]:
         """This rank's test block in batches of :data:`TEST_BATCH`, normalised."""
@@ -131,18 +187,35 @@ class TrainingData:
 
 
 def prepare_on_rank0(dataset: str, data_dir: str, topology: Topology) -> tuple[str, str]:
-    """Rank 0 prepares the .mdp files when one is missing; every rank learns if it failed."""
+    """Rank 0 prepares the .mdp files when one is missing; every rank learns if it failed.
+
+    Only a missing name is written, and only next to a file that is this source's
+    preparation (:func:`minidp.io.prepare.prepare_dataset`); two present files are used
+    as they are, if they check when opened.
+
+    Raises:
+        ValueError: on every rank: a present file that is not this source's preparation,
+            beside a missing one (the message names both and says what to do).
+        FileNotFoundError: on every rank: the missing file(s) cannot be prepared (no
+            source, a directory that cannot be written); the message names them.
+    """
     paths = dataset_paths(dataset, data_dir)
     error = None
-    if topology.rank == 0 and not all(os.path.exists(p) for p in paths):
+    missing = [p for p in paths if not os.path.lexists(p)]  # a link counts, even dangling
+    if topology.rank == 0 and missing:
         try:
             prepare_dataset(dataset, data_dir)
+        except PrepareError as exc:
+            error = ("refused", str(exc))
         except (OSError, ValueError) as exc:
-            error = str(exc)
-    message = guard.bcast_object(topology.world, error, 0, "prepare dataset")
-    if message:
-        raise FileNotFoundError(f"rank {topology.rank}: dataset {dataset!r}: no .mdp files "
-                                f"in '{data_dir}' and rank 0 could not prepare them: {message}")
+            names = " and ".join(f"'{p}'" for p in missing)
+            error = ("failed", f"dataset {dataset!r}: {names} missing, and rank 0 could not "
+                               f"prepare {'it' if len(missing) == 1 else 'them'}: {exc}")
+    error = guard.bcast_object(topology.world, error, 0, "prepare dataset")
+    if error:
+        kind, message = error
+        raise (ValueError if kind == "refused" else FileNotFoundError)(
+            f"rank {topology.rank}: {message}")
     return paths
 
 
@@ -184,7 +257,8 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
     paths = prepare_on_rank0(dataset, data_dir, topology)
     problem = None
     try:
-        headers = [read_header(p) for p in paths]
+        (train_header, train_stamp), (test_header, test_stamp) = (open_header(p) for p in paths)
+        headers = [train_header, test_header]
     except OldVersion as exc:
         problem = f"{exc}: python -m minidp data prepare {dataset} --out {data_dir}"
     except (OSError, ValueError) as exc:
@@ -198,6 +272,7 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
                                 f"{', '.join(map(str, bad))}: {problems[bad[0]]}; every rank "
                                 "must read the same --data-dir (a shared file system)")
     train, test = paths
+    one_task(paths, headers, topology.rank)
     count = _limit("--train-samples", train_samples, train, headers[0])
     _limit("--test-samples", test_samples, test, headers[1])
     if verify:
@@ -207,16 +282,44 @@ def open_training_data(dataset: str, data_dir: str, reader: str, seed: int,
         raise ValueError(f"rank {topology.rank}: dataset file '{train}' has {count} samples, "
                          f"fewer than the {topology.num_workers} workers")
     train_reader = None
-    if topology.role == "worker":
-        if reader == "leader":
+    try:  # a worker's reader may fail alone (the memory reader reads the file): agreed below
+        if topology.role == "worker" and reader == "leader":
             train_reader = LeaderReader(train, topology.workers, seed, train_samples,
                                         topology=topology)
-        else:
+        elif topology.role == "worker":
             train_reader = open_reader(reader, train, topology.workers, seed, train_samples)
+    except (OSError, ValueError) as exc:
+        problem = re.sub(r"^rank \d+: ", "", str(exc))
+    problem = first_problem(topology.world, problem, "dataset reader")
+    if problem:
+        raise ValueError(f"rank {topology.rank}: {problem}")
     tests = MPIIOReader(test, topology.world, limit=test_samples)
     x, y = decode(np.concatenate(tests.read_block(0) or [np.empty(0, np.uint8)]),
                   tests.header)
     identity = {split: file_identity(p, h) for split, p, h in zip(("train", "test"), paths,
                                                                     headers)}
-    return TrainingData(train_reader, headers[0], identity, count // topology.num_workers, x,
-                        y, dataset, seed, topology.rank, topology.size)
+    data = TrainingData(train_reader, headers[0], identity, count // topology.num_workers, x,
+                        y, dataset, seed, topology.rank, topology.size,
+                        {train: train_stamp, test: test_stamp}, topology.world)
+    data.check_files()  # what was verified and read is what the headers were read from
+    return data
+
+
+def one_task(paths: tuple[str, str], headers: list[Header], rank: int) -> None:
+    """Refuse training and test files that disagree on classes, sample shape or dtype.
+
+    The model is built from the training file's header: a test file of other classes
+    would be scored against outputs that mean something else, one of another shape would
+    fail in the first evaluation, and one of another sample dtype would be normalised
+    otherwise (uint8 samples are scaled by 1/255, others not).
+    """
+    (train, test), (a, b) = paths, headers
+    if (a.num_classes, a.sample_shape, a.sample_dtype) == (b.num_classes, b.sample_shape,
+                                                           b.sample_dtype):
+        return
+    raise ValueError(f"rank {rank}: dataset files disagree: '{train}' has {a.num_classes} "
+                     f"classes and samples of shape {a.sample_shape} and dtype "
+                     f"{a.sample_dtype}, '{test}' has {b.num_classes} classes and samples of "
+                     f"shape {b.sample_shape} and dtype {b.sample_dtype}; a run trains and "
+                     "evaluates one task: both files must have the same number of classes, "
+                     "sample shape and sample dtype")

@@ -8,7 +8,7 @@ ops on CuPy). See :mod:`.jit` for how compilation is serialised per node.
 
 from minidp.kernels import winograd
 from minidp.kernels.batchnorm import batchnorm_backward, batchnorm_forward
-from minidp.kernels.elementwise import relu_backward, sgd_update, weighted_merge
+from minidp.kernels.elementwise import relu_backward, relu_forward, sgd_update, weighted_merge
 from minidp.kernels.jit import ensure_compiled, jit_enabled, use_kernels
 from minidp.kernels.pooling import (
     avgpool_backward,
@@ -21,5 +21,6 @@ from minidp.kernels.unfold import col2im, im2col, output_size
 __all__ = [
     "avgpool_backward", "avgpool_forward", "batchnorm_backward", "batchnorm_forward", "col2im",
     "ensure_compiled", "im2col", "jit_enabled", "maxpool_backward", "maxpool_forward",
-    "output_size", "relu_backward", "sgd_update", "use_kernels", "weighted_merge", "winograd",
+    "output_size", "relu_backward", "relu_forward", "sgd_update", "use_kernels", "weighted_merge",
+    "winograd",
 ]

@@ -3,7 +3,9 @@
 ``S1 = sum(b_k)`` and ``S2 = sum((start + k + 1) * b_k)`` modulo 2**64 over a byte
 range that starts at payload position ``start`` (see :mod:`minidp.io.mdp`). NumPy
 needs a uint64 copy and a weight array per chunk (about 0.1 GB/s here); the kernel
-streams the bytes once.
+streams the bytes once. On the rank's threads (:func:`minidp.kernels.threaded.spread`)
+each block of :data:`_CHUNK` bytes gets its own two sums, added afterwards: integer sums
+modulo 2**64 in any order, so the result is exact at every thread count.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numba
 import numpy as np
 
 from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.threaded import spread
 
 _CHUNK = 1 << 22
 
@@ -26,6 +29,22 @@ def _checksum_kernel(data, start):  # pragma: no cover - compiled
         b = np.uint64(data[k])
         s1 += b
         s2 += weight * b
+    return s1, s2
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _checksum_parallel(data, start):  # pragma: no cover - compiled
+    blocks = (data.size + _CHUNK - 1) // _CHUNK
+    sums = np.zeros((blocks, 2), dtype=np.uint64)
+    for b in numba.prange(blocks):
+        lo = b * _CHUNK
+        sums[b, 0], sums[b, 1] = _checksum_kernel(data[lo:min(data.size, lo + _CHUNK)],
+                                                  start + np.uint64(lo))
+    s1 = np.uint64(0)
+    s2 = np.uint64(0)
+    for b in range(blocks):
+        s1 += sums[b, 0]
+        s2 += sums[b, 1]
     return s1, s2
 
 
@@ -47,10 +66,12 @@ def byte_checksum(data: np.ndarray, start: int = 0) -> tuple[int, int]:
     if not use_kernels(data):
         return checksum_reference(data, start)
     ensure_compiled()
-    s1, s2 = _checksum_kernel(data, np.uint64(start))
+    kernel = _checksum_parallel if spread(data.size) and data.size > _CHUNK else _checksum_kernel
+    s1, s2 = kernel(data, np.uint64(start))
     return int(s1), int(s2)
 
 
 @register_warmup
 def _warm(dtype: type) -> None:
     _checksum_kernel(np.zeros(2, dtype=np.uint8), np.uint64(0))
+    _checksum_parallel(np.zeros(2, dtype=np.uint8), np.uint64(0))

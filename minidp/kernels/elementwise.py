@@ -11,6 +11,13 @@
 * ``weighted_merge``: DASO's merge ``x = (w*x + total) / (w + P)`` in one pass where
   NumPy makes three over the parameters, with NumPy's roundings (each operation in the
   arrays' dtype, in the same order).
+* ``relu_forward``: ``max(x, 0)`` with NumPy's bits (a NaN passes through, -0 gives +0),
+  on the rank's threads.
+
+Each formula is written once, as a block kernel over elements [lo, hi) of flat arrays.
+The serial kernel is one block; the parallel one (:func:`minidp.kernels.threaded.spread`)
+runs blocks of :data:`BLOCK` elements with ``prange``. Every element is computed alone,
+so both give the same bits at any thread count.
 """
 
 from __future__ import annotations
@@ -23,11 +30,27 @@ import numpy as np
 from minidp.backend import array_module
 from minidp.kernels import cuda
 from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.threaded import spread
+
+BLOCK = 1 << 14  # elements per prange iteration: 64 KB of float32 per array, within L2
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _block(b, size):  # pragma: no cover - compiled
+    """Elements [lo, hi) of block b of an array of ``size`` elements."""
+    return b * BLOCK, min(size, (b + 1) * BLOCK)
 
 
 @numba.njit(cache=True, nogil=True)
-def _relu_backward_kernel(grad, x, out):  # pragma: no cover - compiled
-    for i in range(x.size):
+def _relu_forward_block(x, out, lo, hi):  # pragma: no cover - compiled
+    for i in range(lo, hi):
+        v = x[i]
+        out[i] = v if v > 0 or v != v else 0  # NaN passes through, as in np.maximum
+
+
+@numba.njit(cache=True, nogil=True)
+def _relu_backward_block(grad, x, out, lo, hi):  # pragma: no cover - compiled
+    for i in range(lo, hi):
         out[i] = grad[i] if x[i] > 0 else 0
 
 
@@ -45,23 +68,94 @@ def _sgd_direction(w, g, buf, i, momentum, weight_decay, nesterov):  # pragma: n
 # Two loops over one formula: a loop whose output may alias its input is not
 # vectorised (2.2x slower measured in place), so the in-place step keeps its own.
 @numba.njit(cache=True, nogil=True)
-def _sgd_update_kernel(w, g, buf, lr, momentum, weight_decay, nesterov):  # pragma: no cover
-    for i in range(w.size):
+def _sgd_update_block(w, g, buf, lr, momentum, weight_decay, nesterov, lo,
+                      hi):  # pragma: no cover - compiled
+    for i in range(lo, hi):
         w[i] -= lr * _sgd_direction(w[i], g[i], buf, i, momentum, weight_decay, nesterov)
 
 
 @numba.njit(cache=True, nogil=True)
-def _sgd_update_into_kernel(w, g, buf, lr, momentum, weight_decay, nesterov,
-                            out):  # pragma: no cover - compiled
-    for i in range(w.size):
+def _sgd_update_into_block(w, g, buf, lr, momentum, weight_decay, nesterov, out, lo,
+                           hi):  # pragma: no cover - compiled
+    for i in range(lo, hi):
         out[i] = w[i] - lr * _sgd_direction(w[i], g[i], buf, i, momentum, weight_decay,
                                             nesterov)
 
 
 @numba.njit(cache=True, nogil=True)
-def _weighted_merge_kernel(x, total, weight, divisor):  # pragma: no cover - compiled
-    for i in range(x.size):
+def _weighted_merge_block(x, total, weight, divisor, lo, hi):  # pragma: no cover - compiled
+    for i in range(lo, hi):
         x[i] = (x[i] * weight + total[i]) / divisor
+
+
+# The serial kernels: one block over the whole array.
+@numba.njit(cache=True, nogil=True)
+def _relu_forward_kernel(x, out):  # pragma: no cover - compiled
+    _relu_forward_block(x, out, 0, x.size)
+
+
+@numba.njit(cache=True, nogil=True)
+def _relu_backward_kernel(grad, x, out):  # pragma: no cover - compiled
+    _relu_backward_block(grad, x, out, 0, x.size)
+
+
+@numba.njit(cache=True, nogil=True)
+def _sgd_update_kernel(w, g, buf, lr, momentum, weight_decay, nesterov):  # pragma: no cover
+    _sgd_update_block(w, g, buf, lr, momentum, weight_decay, nesterov, 0, w.size)
+
+
+@numba.njit(cache=True, nogil=True)
+def _sgd_update_into_kernel(w, g, buf, lr, momentum, weight_decay, nesterov,
+                            out):  # pragma: no cover - compiled
+    _sgd_update_into_block(w, g, buf, lr, momentum, weight_decay, nesterov, out, 0, w.size)
+
+
+@numba.njit(cache=True, nogil=True)
+def _weighted_merge_kernel(x, total, weight, divisor):  # pragma: no cover - compiled
+    _weighted_merge_block(x, total, weight, divisor, 0, x.size)
+
+
+# The parallel kernels: the same blocks, BLOCK elements each, over the rank's threads.
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _relu_forward_parallel(x, out):  # pragma: no cover - compiled
+    for b in numba.prange((x.size + BLOCK - 1) // BLOCK):
+        lo, hi = _block(b, x.size)
+        _relu_forward_block(x, out, lo, hi)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _relu_backward_parallel(grad, x, out):  # pragma: no cover - compiled
+    for b in numba.prange((x.size + BLOCK - 1) // BLOCK):
+        lo, hi = _block(b, x.size)
+        _relu_backward_block(grad, x, out, lo, hi)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _sgd_update_parallel(w, g, buf, lr, momentum, weight_decay,
+                         nesterov):  # pragma: no cover - compiled
+    for b in numba.prange((w.size + BLOCK - 1) // BLOCK):
+        lo, hi = _block(b, w.size)
+        _sgd_update_block(w, g, buf, lr, momentum, weight_decay, nesterov, lo, hi)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _sgd_update_into_parallel(w, g, buf, lr, momentum, weight_decay, nesterov,
+                              out):  # pragma: no cover - compiled
+    for b in numba.prange((w.size + BLOCK - 1) // BLOCK):
+        lo, hi = _block(b, w.size)
+        _sgd_update_into_block(w, g, buf, lr, momentum, weight_decay, nesterov, out, lo, hi)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _weighted_merge_parallel(x, total, weight, divisor):  # pragma: no cover - compiled
+    for b in numba.prange((x.size + BLOCK - 1) // BLOCK):
+        lo, hi = _block(b, x.size)
+        _weighted_merge_block(x, total, weight, divisor, lo, hi)
+
+
+def relu_forward_reference(x: Any) -> Any:
+    """``max(x, 0)`` in NumPy/CuPy."""
+    return array_module(x).maximum(x, 0)
 
 
 def relu_backward_reference(grad: Any, x: Any) -> Any:
@@ -87,6 +181,20 @@ def weighted_merge_reference(x: Any, total: Any, weight: float, count: int) -> N
     x /= weight + count
 
 
+def relu_forward(x: Any) -> Any:
+    """``max(x, 0)``, NumPy's bits, in x's memory order (C or a linear layer's Fortran)."""
+    if not use_kernels(x) or x.dtype.kind != "f" or not (x.flags.c_contiguous
+                                                         or x.flags.f_contiguous):
+        return relu_forward_reference(x)
+    if not x.flags.c_contiguous:
+        return relu_forward(x.T).T  # a linear layer's output: no copies
+    ensure_compiled()
+    out = np.empty(x.shape, dtype=x.dtype)
+    kernel = _relu_forward_parallel if spread(x.size) else _relu_forward_kernel
+    kernel(x.reshape(-1), out.reshape(-1))
+    return out
+
+
 def relu_backward(grad: Any, x: Any) -> Any:
     """Gradient of relu: ``grad`` where ``x > 0``, else 0."""
     if not use_kernels(grad, x) or grad.dtype != x.dtype:
@@ -95,8 +203,9 @@ def relu_backward(grad: Any, x: Any) -> Any:
         return relu_backward(grad.T, x.T).T  # a linear layer's output: no copies
     ensure_compiled()
     out = np.empty(x.shape, dtype=x.dtype)
-    _relu_backward_kernel(np.ascontiguousarray(grad).reshape(-1),
-                          np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+    kernel = _relu_backward_parallel if spread(x.size) else _relu_backward_kernel
+    kernel(np.ascontiguousarray(grad).reshape(-1), np.ascontiguousarray(x).reshape(-1),
+           out.reshape(-1))
     return out
 
 
@@ -130,11 +239,13 @@ def sgd_update(w: Any, g: Any, buf: Any, lr: float, momentum: float = 0.0,
         return
     ensure_compiled()
     scalars = float(lr), float(momentum), float(weight_decay), bool(nesterov)
+    parallel = spread(w.size)
     if out is None:
-        _sgd_update_kernel(w.reshape(-1), g.reshape(-1), buf.reshape(-1), *scalars)
+        kernel = _sgd_update_parallel if parallel else _sgd_update_kernel
+        kernel(w.reshape(-1), g.reshape(-1), buf.reshape(-1), *scalars)
     else:
-        _sgd_update_into_kernel(w.reshape(-1), g.reshape(-1), buf.reshape(-1), *scalars,
-                                out.reshape(-1))
+        kernel = _sgd_update_into_parallel if parallel else _sgd_update_into_kernel
+        kernel(w.reshape(-1), g.reshape(-1), buf.reshape(-1), *scalars, out.reshape(-1))
 
 
 def weighted_merge(x: Any, total: Any, weight: float, count: int) -> None:
@@ -150,14 +261,20 @@ def weighted_merge(x: Any, total: Any, weight: float, count: int) -> None:
         return
     ensure_compiled()
     scalar = x.dtype.type
-    _weighted_merge_kernel(x.reshape(-1), total.reshape(-1), scalar(weight),
-                           scalar(weight + count))
+    kernel = _weighted_merge_parallel if spread(x.size) else _weighted_merge_kernel
+    kernel(x.reshape(-1), total.reshape(-1), scalar(weight), scalar(weight + count))
 
 
 @register_warmup
 def _warm(dtype: type) -> None:
     a = np.zeros(2, dtype=dtype)
-    _relu_backward_kernel(a, a, a.copy())
-    _sgd_update_kernel(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False)
-    _sgd_update_into_kernel(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False, a.copy())
-    _weighted_merge_kernel(a, a.copy(), a.dtype.type(2), a.dtype.type(4))
+    for relu_forward_kernel, relu_backward_kernel, update, update_into, merge in (
+            (_relu_forward_kernel, _relu_backward_kernel, _sgd_update_kernel,
+             _sgd_update_into_kernel, _weighted_merge_kernel),
+            (_relu_forward_parallel, _relu_backward_parallel, _sgd_update_parallel,
+             _sgd_update_into_parallel, _weighted_merge_parallel)):
+        relu_forward_kernel(a, a.copy())
+        relu_backward_kernel(a, a, a.copy())
+        update(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False)
+        update_into(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False, a.copy())
+        merge(a, a.copy(), a.dtype.type(2), a.dtype.type(4))

@@ -5,10 +5,15 @@ its window (PyTorch's tie rule); backward adds each output gradient at that inde
 so overlapping windows (stride < kernel) accumulate correctly; windows that tile the
 input (stride = kernel) write every input gradient in one pass instead. Average pooling
 spreads each output gradient evenly over its window.
+
+Every (image, channel) plane is independent: each kernel is a compiled body per plane,
+looped over serially or with ``prange`` over all N*C planes on the rank's threads
+(:func:`minidp.kernels.threaded.spread`); the bits are the same either way.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numba
@@ -17,120 +22,171 @@ import numpy as np
 from minidp.backend import array_module
 from minidp.kernels import cuda
 from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.threaded import spread
 from minidp.kernels.unfold import output_size
 
 
 @numba.njit(cache=True, nogil=True)
-def _maxpool_forward_kernel(x, k, stride, out, argmax):  # pragma: no cover - compiled
-    n_img, n_ch, h, w = x.shape
+def _maxpool_forward_plane(x, k, stride, out, argmax, n, c):  # pragma: no cover - compiled
+    w = x.shape[3]
     oh, ow = out.shape[2], out.shape[3]
-    for n in range(n_img):
-        for c in range(n_ch):
-            if k == 2 and stride == 2:  # the CNNs' pooling: the window's four loads unrolled
-                for y in range(oh):
-                    top, bottom = x[n, c, 2 * y], x[n, c, 2 * y + 1]
-                    row = 2 * y * w
-                    for xo in range(ow):
-                        at = row + 2 * xo
-                        best = top[2 * xo]
-                        if top[2 * xo + 1] > best:
-                            best, at = top[2 * xo + 1], row + 2 * xo + 1
-                        if bottom[2 * xo] > best:
-                            best, at = bottom[2 * xo], row + w + 2 * xo
-                        if bottom[2 * xo + 1] > best:
-                            best, at = bottom[2 * xo + 1], row + w + 2 * xo + 1
-                        out[n, c, y, xo] = best
-                        argmax[n, c, y, xo] = at
-                continue
-            for y in range(oh):
-                for xo in range(ow):
-                    h0, w0 = y * stride, xo * stride
-                    best = x[n, c, h0, w0]
-                    best_at = h0 * w + w0
-                    for i in range(k):
-                        for j in range(k):
-                            v = x[n, c, h0 + i, w0 + j]
-                            if v > best:
-                                best = v
-                                best_at = (h0 + i) * w + w0 + j
-                    out[n, c, y, xo] = best
-                    argmax[n, c, y, xo] = best_at
+    if k == 2 and stride == 2:  # the CNNs' pooling: the window's four loads unrolled
+        for y in range(oh):
+            top, bottom = x[n, c, 2 * y], x[n, c, 2 * y + 1]
+            row = 2 * y * w
+            for xo in range(ow):
+                at = row + 2 * xo
+                best = top[2 * xo]
+                if top[2 * xo + 1] > best:
+                    best, at = top[2 * xo + 1], row + 2 * xo + 1
+                if bottom[2 * xo] > best:
+                    best, at = bottom[2 * xo], row + w + 2 * xo
+                if bottom[2 * xo + 1] > best:
+                    best, at = bottom[2 * xo + 1], row + w + 2 * xo + 1
+                out[n, c, y, xo] = best
+                argmax[n, c, y, xo] = at
+        return
+    for y in range(oh):
+        for xo in range(ow):
+            h0, w0 = y * stride, xo * stride
+            best = x[n, c, h0, w0]
+            best_at = h0 * w + w0
+            for i in range(k):
+                for j in range(k):
+                    v = x[n, c, h0 + i, w0 + j]
+                    if v > best:
+                        best = v
+                        best_at = (h0 + i) * w + w0 + j
+            out[n, c, y, xo] = best
+            argmax[n, c, y, xo] = best_at
+
+
+@numba.njit(cache=True, nogil=True)
+def _maxpool_backward_plane(grad, argmax, w, dx, n, c):  # pragma: no cover - compiled
+    oh, ow = grad.shape[2], grad.shape[3]
+    for y in range(oh):
+        for xo in range(ow):
+            at = argmax[n, c, y, xo]
+            dx[n, c, at // w, at % w] += grad[n, c, y, xo]
+
+
+@numba.njit(cache=True, nogil=True)
+def _maxpool_backward_tiles_plane(grad, argmax, k, dx, n, c):  # pragma: no cover - compiled
+    # Windows that tile the input (stride == k): every element of dx is written once,
+    # the gradient at its window's argmax (0 + g: the bits of a scatter-add into
+    # zeros), 0 elsewhere and in the rows and columns no window covers.
+    h, w = dx.shape[2], dx.shape[3]
+    oh, ow = grad.shape[2], grad.shape[3]
+    for y in range(oh):
+        row = y * k * w
+        if k == 2:  # unrolled, as the forward
+            top, bottom = dx[n, c, 2 * y], dx[n, c, 2 * y + 1]
+            for xo in range(ow):
+                g = grad[n, c, y, xo] + 0.0
+                at = argmax[n, c, y, xo] - row - 2 * xo
+                top[2 * xo] = g if at == 0 else 0.0
+                top[2 * xo + 1] = g if at == 1 else 0.0
+                bottom[2 * xo] = g if at == w else 0.0
+                bottom[2 * xo + 1] = g if at == w + 1 else 0.0
+        else:
+            for xo in range(ow):
+                g = grad[n, c, y, xo] + 0.0
+                at = argmax[n, c, y, xo] - row - xo * k
+                for i in range(k):
+                    for j in range(k):
+                        dx[n, c, y * k + i, xo * k + j] = g if at == i * w + j else 0.0
+        for hy in range(y * k, y * k + k):
+            for wx in range(ow * k, w):
+                dx[n, c, hy, wx] = 0.0
+    for hy in range(oh * k, h):
+        for wx in range(w):
+            dx[n, c, hy, wx] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _avgpool_forward_plane(x, k, stride, out, n, c):  # pragma: no cover - compiled
+    oh, ow = out.shape[2], out.shape[3]
+    scale = 1.0 / (k * k)
+    for y in range(oh):
+        for xo in range(ow):
+            acc = 0.0
+            for i in range(k):
+                for j in range(k):
+                    acc += x[n, c, y * stride + i, xo * stride + j]
+            out[n, c, y, xo] = acc * scale
+
+
+@numba.njit(cache=True, nogil=True)
+def _avgpool_backward_plane(grad, k, stride, dx, n, c):  # pragma: no cover - compiled
+    oh, ow = grad.shape[2], grad.shape[3]
+    scale = 1.0 / (k * k)
+    for y in range(oh):
+        for xo in range(ow):
+            g = grad[n, c, y, xo] * scale
+            for i in range(k):
+                for j in range(k):
+                    dx[n, c, y * stride + i, xo * stride + j] += g
+
+
+# The kernels: every plane, in order (serial) or with prange over N*C (parallel).
+@numba.njit(cache=True, nogil=True)
+def _maxpool_forward_kernel(x, k, stride, out, argmax):  # pragma: no cover - compiled
+    for p in range(x.shape[0] * x.shape[1]):
+        _maxpool_forward_plane(x, k, stride, out, argmax, p // x.shape[1], p % x.shape[1])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _maxpool_forward_parallel(x, k, stride, out, argmax):  # pragma: no cover - compiled
+    for p in numba.prange(x.shape[0] * x.shape[1]):
+        _maxpool_forward_plane(x, k, stride, out, argmax, p // x.shape[1], p % x.shape[1])
 
 
 @numba.njit(cache=True, nogil=True)
 def _maxpool_backward_kernel(grad, argmax, w, dx):  # pragma: no cover - compiled
-    n_img, n_ch, oh, ow = grad.shape
-    for n in range(n_img):
-        for c in range(n_ch):
-            for y in range(oh):
-                for xo in range(ow):
-                    at = argmax[n, c, y, xo]
-                    dx[n, c, at // w, at % w] += grad[n, c, y, xo]
+    for p in range(grad.shape[0] * grad.shape[1]):
+        _maxpool_backward_plane(grad, argmax, w, dx, p // grad.shape[1], p % grad.shape[1])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _maxpool_backward_parallel(grad, argmax, w, dx):  # pragma: no cover - compiled
+    for p in numba.prange(grad.shape[0] * grad.shape[1]):
+        _maxpool_backward_plane(grad, argmax, w, dx, p // grad.shape[1], p % grad.shape[1])
 
 
 @numba.njit(cache=True, nogil=True)
 def _maxpool_backward_tiles_kernel(grad, argmax, k, dx):  # pragma: no cover - compiled
-    # Windows that tile the input (stride == k): every element of dx is written once,
-    # the gradient at its window's argmax (0 + g: the bits of a scatter-add into
-    # zeros), 0 elsewhere and in the rows and columns no window covers.
-    n_img, n_ch, h, w = dx.shape
-    oh, ow = grad.shape[2], grad.shape[3]
-    for n in range(n_img):
-        for c in range(n_ch):
-            for y in range(oh):
-                row = y * k * w
-                if k == 2:  # unrolled, as the forward
-                    top, bottom = dx[n, c, 2 * y], dx[n, c, 2 * y + 1]
-                    for xo in range(ow):
-                        g = grad[n, c, y, xo] + 0.0
-                        at = argmax[n, c, y, xo] - row - 2 * xo
-                        top[2 * xo] = g if at == 0 else 0.0
-                        top[2 * xo + 1] = g if at == 1 else 0.0
-                        bottom[2 * xo] = g if at == w else 0.0
-                        bottom[2 * xo + 1] = g if at == w + 1 else 0.0
-                else:
-                    for xo in range(ow):
-                        g = grad[n, c, y, xo] + 0.0
-                        at = argmax[n, c, y, xo] - row - xo * k
-                        for i in range(k):
-                            for j in range(k):
-                                dx[n, c, y * k + i, xo * k + j] = g if at == i * w + j else 0.0
-                for hy in range(y * k, y * k + k):
-                    for wx in range(ow * k, w):
-                        dx[n, c, hy, wx] = 0.0
-            for hy in range(oh * k, h):
-                for wx in range(w):
-                    dx[n, c, hy, wx] = 0.0
+    for p in range(dx.shape[0] * dx.shape[1]):
+        _maxpool_backward_tiles_plane(grad, argmax, k, dx, p // dx.shape[1], p % dx.shape[1])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _maxpool_backward_tiles_parallel(grad, argmax, k, dx):  # pragma: no cover - compiled
+    for p in numba.prange(dx.shape[0] * dx.shape[1]):
+        _maxpool_backward_tiles_plane(grad, argmax, k, dx, p // dx.shape[1], p % dx.shape[1])
 
 
 @numba.njit(cache=True, nogil=True)
 def _avgpool_forward_kernel(x, k, stride, out):  # pragma: no cover - compiled
-    n_img, n_ch = x.shape[0], x.shape[1]
-    oh, ow = out.shape[2], out.shape[3]
-    scale = 1.0 / (k * k)
-    for n in range(n_img):
-        for c in range(n_ch):
-            for y in range(oh):
-                for xo in range(ow):
-                    acc = 0.0
-                    for i in range(k):
-                        for j in range(k):
-                            acc += x[n, c, y * stride + i, xo * stride + j]
-                    out[n, c, y, xo] = acc * scale
+    for p in range(x.shape[0] * x.shape[1]):
+        _avgpool_forward_plane(x, k, stride, out, p // x.shape[1], p % x.shape[1])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _avgpool_forward_parallel(x, k, stride, out):  # pragma: no cover - compiled
+    for p in numba.prange(x.shape[0] * x.shape[1]):
+        _avgpool_forward_plane(x, k, stride, out, p // x.shape[1], p % x.shape[1])
 
 
 @numba.njit(cache=True, nogil=True)
 def _avgpool_backward_kernel(grad, k, stride, dx):  # pragma: no cover - compiled
-    n_img, n_ch, oh, ow = grad.shape
-    scale = 1.0 / (k * k)
-    for n in range(n_img):
-        for c in range(n_ch):
-            for y in range(oh):
-                for xo in range(ow):
-                    g = grad[n, c, y, xo] * scale
-                    for i in range(k):
-                        for j in range(k):
-                            dx[n, c, y * stride + i, xo * stride + j] += g
+    for p in range(grad.shape[0] * grad.shape[1]):
+        _avgpool_backward_plane(grad, k, stride, dx, p // grad.shape[1], p % grad.shape[1])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _avgpool_backward_parallel(grad, k, stride, dx):  # pragma: no cover - compiled
+    for p in numba.prange(grad.shape[0] * grad.shape[1]):
+        _avgpool_backward_plane(grad, k, stride, dx, p // grad.shape[1], p % grad.shape[1])
 
 
 def _windows(x: Any, k: int, stride: int) -> Any:
@@ -197,7 +253,8 @@ def maxpool_forward(x: Any, k: int, stride: int) -> tuple[Any, Any]:
     oh, ow = output_size(h, k, stride, 0), output_size(w, k, stride, 0)
     out = np.empty((n, c, oh, ow), dtype=x.dtype)
     argmax = np.empty((n, c, oh, ow), dtype=np.int64)
-    _maxpool_forward_kernel(np.ascontiguousarray(x), k, stride, out, argmax)
+    kernel = _maxpool_forward_parallel if spread(x.size) else _maxpool_forward_kernel
+    kernel(np.ascontiguousarray(x), k, stride, out, argmax)
     return out, argmax
 
 
@@ -208,12 +265,15 @@ def maxpool_backward(grad: Any, argmax: Any, x_shape: tuple, k: int, stride: int
     if not use_kernels(grad, argmax):
         return maxpool_backward_reference(grad, argmax, x_shape)
     ensure_compiled()
+    parallel = spread(math.prod(x_shape))
     if stride == k:  # no overlap: one pass writes all of dx
         dx = np.empty(x_shape, dtype=grad.dtype)
-        _maxpool_backward_tiles_kernel(np.ascontiguousarray(grad), argmax, k, dx)
+        kernel = _maxpool_backward_tiles_parallel if parallel else _maxpool_backward_tiles_kernel
+        kernel(np.ascontiguousarray(grad), argmax, k, dx)
         return dx
     dx = np.zeros(x_shape, dtype=grad.dtype)
-    _maxpool_backward_kernel(np.ascontiguousarray(grad), argmax, x_shape[3], dx)
+    kernel = _maxpool_backward_parallel if parallel else _maxpool_backward_kernel
+    kernel(np.ascontiguousarray(grad), argmax, x_shape[3], dx)
     return dx
 
 
@@ -225,7 +285,8 @@ def avgpool_forward(x: Any, k: int, stride: int) -> Any:
     n, c, h, w = x.shape
     out = np.empty((n, c, output_size(h, k, stride, 0), output_size(w, k, stride, 0)),
                    dtype=x.dtype)
-    _avgpool_forward_kernel(np.ascontiguousarray(x), k, stride, out)
+    kernel = _avgpool_forward_parallel if spread(x.size) else _avgpool_forward_kernel
+    kernel(np.ascontiguousarray(x), k, stride, out)
     return out
 
 
@@ -235,7 +296,8 @@ def avgpool_backward(grad: Any, x_shape: tuple, k: int, stride: int) -> Any:
         return avgpool_backward_reference(grad, x_shape, k, stride)
     ensure_compiled()
     dx = np.zeros(x_shape, dtype=grad.dtype)
-    _avgpool_backward_kernel(np.ascontiguousarray(grad), k, stride, dx)
+    kernel = _avgpool_backward_parallel if spread(math.prod(x_shape)) else _avgpool_backward_kernel
+    kernel(np.ascontiguousarray(grad), k, stride, dx)
     return dx
 
 
@@ -244,8 +306,15 @@ def _warm(dtype: type) -> None:
     x = np.zeros((1, 1, 2, 2), dtype=dtype)
     out = np.empty((1, 1, 1, 1), dtype=dtype)
     argmax = np.zeros((1, 1, 1, 1), dtype=np.int64)
-    _maxpool_forward_kernel(x, 2, 2, out, argmax)
-    _maxpool_backward_kernel(out, argmax, 2, x)
-    _maxpool_backward_tiles_kernel(out, argmax, 2, x)
-    _avgpool_forward_kernel(x, 2, 2, out)
-    _avgpool_backward_kernel(out, 2, 2, x)
+    for kernels in ((_maxpool_forward_kernel, _maxpool_backward_kernel,
+                     _maxpool_backward_tiles_kernel, _avgpool_forward_kernel,
+                     _avgpool_backward_kernel),
+                    (_maxpool_forward_parallel, _maxpool_backward_parallel,
+                     _maxpool_backward_tiles_parallel, _avgpool_forward_parallel,
+                     _avgpool_backward_parallel)):
+        max_forward, max_backward, max_tiles, avg_forward, avg_backward = kernels
+        max_forward(x, 2, 2, out, argmax)
+        max_backward(out, argmax, 2, x)
+        max_tiles(out, argmax, 2, x)
+        avg_forward(x, 2, 2, out)
+        avg_backward(out, 2, 2, x)

@@ -1,9 +1,14 @@
-"""Optimizer base: argument checks, the flat fast path, and optimizer state_dict.
+"""Optimizer base: argument checks, the learning rate, the flat fast path, state_dict.
 
 When the parameters are exactly a model's flat buffers (the default for minidp
 models), an optimizer updates them with one fused pass over the flat arrays; other
 parameter lists are updated one tensor at a time. State (momentum buffers) lives
 in one flat array either way, so it can be saved, restored and averaged whole.
+
+The optimizer owns the learning rate: ``lr`` is checked once, here, when the optimizer is
+built; a schedule sets it from then on (an :class:`~minidp.optim.schedules.LRScheduler`,
+or a parameter server's own clock), and every update reads it from here: no strategy
+holds a rate of its own.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ class Optimizer(abc.ABC):
 
         Nothing is copied (the caller fills it first, or it holds the state already): DASO
         moves an identical node's momentum into one node window, where every rank updates
-        its slice (:meth:`SGD.step_part`), and back when the node's momenta part.
+        its slice (:meth:`SGD.update` of a part), and back when the node's momenta part.
         """
         if buffer.shape != self.state.shape or buffer.dtype != self.state.dtype:
             raise ValueError(f"rebind_state: buffer has shape {buffer.shape} and dtype "
@@ -74,11 +79,14 @@ class Optimizer(abc.ABC):
 
     def step(self) -> None:
         """Apply one update from the current gradients."""
+        self._check_intact()
+        self._update()
+        self.step_count += 1
+
+    def _check_intact(self) -> None:
         if self.flat is not None and not self.flat.intact(self.params):
             raise RuntimeError("optimizer: the model's parameters were replaced after the "
                                "optimizer was built (e.g. by Module.to); build it afterwards")
-        self._update()
-        self.step_count += 1
 
     @abc.abstractmethod
     def _update(self) -> None:

@@ -1,17 +1,30 @@
-"""Stochastic gradient descent with PyTorch's conventions, and LARS on top of it.
+"""Stochastic gradient descent with PyTorch's conventions: every strategy's update.
 
 SGD (PyTorch's ``torch.optim.SGD`` with dampening 0)::
 
     d = g + wd*w;   buf = m*buf + d;   w -= lr * (d + m*buf  if nesterov else  buf)
 
-LARS (You, Gitman, Ginsburg 2017, Algorithm 1; torchlars' convention), per
-parameter tensor l, after any data-parallel gradient averaging::
+Every strategy updates through this optimizer: a synchronous replica steps its whole
+model from its (averaged) gradients (:meth:`SGD.step`); the others step a part of it or
+another array with a gradient they hold, and may leave the momentum out, as their
+papers do (:meth:`SGD.update`):
 
-    ratio_l = trust * ||w_l|| / (||g_l|| + wd*||w_l|| + eps)   (1 if either norm is 0)
-    buf_l   = m*buf_l + ratio_l * (g_l + wd*w_l);   w_l -= lr * buf_l
+==================================  ===================================================
+caller                              call
+==================================  ===================================================
+``sync``, ``hsgd``, ``hbsgd``,      ``step()``: the model from ``flat.grad``
+``daso``
+``daso``'s node replica             ``update(grad_slice, part)``: rank j's slice of the
+                                    node's one copy (``out=``: into the send window)
+a parameter server (``asgd`` ...)   ``update(gradient, shard, momentum=...,
+                                    lr_divisor=...)``: its shard, from a worker's push
+the elastic workers (``easgd-*``)   ``update(momentum=False)``: plain SGD
+``hogwild``                         ``update(params=node_copy, momentum=False)``: the
+                                    node's shared parameters, without a lock
+==================================  ===================================================
 
-The ratio is nonlinear in g, so it must see the *averaged* gradient: applying it to
-each worker's gradient and then averaging is a different algorithm.
+LARS, the other optimizer, is in :mod:`minidp.optim.lars`; the look-ahead momentum of
+``measgd-async``'s workers in :mod:`minidp.optim.lookahead`.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from minidp.backend import array_module
+from minidp._moved import moved_names
 from minidp.kernels import sgd_update
 from minidp.layers.flat import Parameter
 from minidp.optim.optimizer import Optimizer, check_range
@@ -45,97 +58,62 @@ class SGD(Optimizer):
             raise ValueError("nesterov: got True with momentum 0; Nesterov needs momentum > 0")
         self.nesterov = bool(nesterov)
 
-    def step_part(self, part: slice, grad: Any, out: Any = None) -> None:
-        """One step of the flat parameters' ``part`` from its gradient ``grad``.
+    def step(self) -> None:
+        """One step of every parameter from its gradient (the module docstring's rule).
 
-        DASO's identical node keeps one replica, and each rank steps its own part of it.
-        The step is counted (call it once per step on each rank). ``out``: the stepped
-        part goes there and the parameters are left as they are (a blocking DASO send,
-        whose average overwrites them), the momentum advanced all the same.
+        A model's flat buffers take one fused pass; other parameter lists are stepped
+        tensor by tensor (:meth:`_update`).
         """
-        self._check_flat("step_part")
-        sgd_update(self.flat.data[part], grad, self.state[part], self.lr, self.momentum,
-                   self.weight_decay, self.nesterov, out=out)
+        if self.flat is None:
+            super().step()
+            return
+        self._check_intact()
+        sgd_update(self.flat.data, self.flat.grad, self.state, self.lr, self.momentum,
+                   self.weight_decay, self.nesterov)
         self.step_count += 1
 
-    def _check_flat(self, what: str) -> None:
+    def update(self, grad: Any = None, part: slice | None = None, *, params: Any = None,
+               out: Any = None, momentum: bool = True, lr_divisor: float = 1.0) -> None:
+        """One SGD step of a part of the model, or of another array, as a strategy asks.
+
+        Needs the model's flat buffers. With no arguments it is :meth:`step`.
+
+        Args:
+            grad: the gradient of ``part`` (None: the model's own, ``flat.grad[part]``).
+            part: the slice of the flat parameters and momentum to step (None: all).
+            params: the array stepped instead of the flat parameters' ``part``
+                (``hogwild``: the node's shared copy).
+            out: where the stepped part goes instead; the parameters are left as they
+                are, the momentum is advanced all the same (a blocking DASO send, whose
+                average overwrites the parameters). The bits of a copy stepped in place.
+            momentum: False: plain SGD on this call (no momentum, no Nesterov), as the
+                asynchronous and elastic papers' workers and servers apply.
+            lr_divisor: this step's rate is ``lr / lr_divisor`` (``softsync``'s staleness).
+
+        Every call is one counted step (DASO's replica: one call per rank and step).
+        """
         if self.flat is None or not self.flat.intact(self.params):
-            raise RuntimeError(f"{what}: needs the model's flat parameters, intact")
+            self._check_intact()
+            raise RuntimeError("SGD.update: needs the model's flat parameters (build the "
+                               "optimizer on model.parameters())")
+        every = slice(None) if part is None else part
+        m = self.momentum if momentum else 0.0
+        sgd_update(self.flat.data[every] if params is None else params,
+                   self.flat.grad[every] if grad is None else grad, self.state[every],
+                   self.lr / lr_divisor, m, self.weight_decay, self.nesterov and momentum,
+                   out=out)
+        self.step_count += 1
 
     def _update(self) -> None:
-        if self.flat is not None:
-            sgd_update(self.flat.data, self.flat.grad, self.state, self.lr, self.momentum,
-                       self.weight_decay, self.nesterov)
-            return
+        """The parameters one tensor at a time (not a model's flat buffers)."""
         for p, buf in zip(self.params, self.state_views):
             if p.grad is not None:
                 sgd_update(p.data, p.grad, buf, self.lr, self.momentum, self.weight_decay,
                            self.nesterov)
 
 
-def trust_ratio(w_norm: float, g_norm: float, weight_decay: float, trust_coefficient: float,
-                eps: float) -> float:
-    """LARS' local learning rate: trust*||w|| / (||g|| + wd*||w|| + eps), 1 if a norm is 0."""
-    if w_norm > 0 and g_norm > 0:
-        return trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
-    return 1.0
-
-
-class LARS(Optimizer):
-    """Layer-wise adaptive rate scaling over momentum SGD.
-
-    Args:
-        params: parameters; the trust ratio is computed per parameter tensor.
-        lr: global learning rate (combine with :class:`PolynomialLR`, power 2, as the paper).
-        momentum: in [0, 1).
-        weight_decay: L2 coefficient, >= 0 (also in the ratio's denominator).
-        trust_coefficient: eta, > 0 (0.001 in the paper and torchlars).
-        eps: added to the denominator.
-        exclude_bias_and_bn: give 1-D parameters (biases, BatchNorm) plain momentum SGD
-            without weight decay, as later large-batch practice does. Off by default, which
-            is the paper's "every layer".
-    """
-
-    def __init__(self, params: Iterable[Parameter], lr: float, momentum: float = 0.9,
-                 weight_decay: float = 0.0, trust_coefficient: float = 0.001, eps: float = 1e-8,
-                 exclude_bias_and_bn: bool = False) -> None:
-        super().__init__(params, lr)
-        self.momentum = check_range("momentum", momentum, 0.0, 1.0)
-        self.weight_decay = check_range("weight_decay", weight_decay, 0.0)
-        self.trust_coefficient = check_range("trust_coefficient", trust_coefficient, 0.0)
-        if self.trust_coefficient == 0:
-            raise ValueError("trust_coefficient: got 0, allowed: > 0")
-        self.eps = check_range("eps", eps, 0.0)
-        self.exclude_bias_and_bn = bool(exclude_bias_and_bn)
-        self.last_ratios: list[float] = []
-
-    def _update(self) -> None:
-        self.last_ratios = []
-        for p, buf in zip(self.params, self.state_views):
-            if p.grad is None:
-                continue
-            if self.exclude_bias_and_bn and p.data.ndim <= 1:
-                sgd_update(p.data, p.grad, buf, self.lr, self.momentum, 0.0, False)
-                self.last_ratios.append(1.0)
-                continue
-            xp = array_module(p.data)
-            w_norm, g_norm = float(xp.linalg.norm(p.data)), float(xp.linalg.norm(p.grad))
-            ratio = trust_ratio(w_norm, g_norm, self.weight_decay, self.trust_coefficient,
-                                self.eps)
-            scaled = ratio * (p.grad + self.weight_decay * p.data)
-            sgd_update(p.data, scaled, buf, self.lr, self.momentum, 0.0, False)
-            self.last_ratios.append(ratio)
-
-
-OPTIMIZERS = ("sgd", "lars")
-
-
-def make_optimizer(kind: str, params: Iterable[Parameter], lr: float, momentum: float = 0.0,
-                   nesterov: bool = False, weight_decay: float = 0.0,
-                   trust_coefficient: float = 0.001) -> SGD | LARS:
-    """The local optimizer ``kind`` (:data:`OPTIMIZERS`); LARS has no Nesterov form."""
-    if kind == "lars":
-        return LARS(params, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                    trust_coefficient=trust_coefficient)
-    return SGD(params, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
-
+# LARS and the factory had their home here until they moved (issue 38).
+__getattr__ = moved_names(__name__, {"LARS": "minidp.optim.lars",
+                                     "trust_ratio": "minidp.optim.lars",
+                                     "make_optimizer": "minidp.optim",
+                                     "OPTIMIZERS": "minidp.optim"})

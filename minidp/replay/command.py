@@ -11,7 +11,12 @@ gradient with minidp's autograd on one thread, applies the papers' update rules
 * 1: they differ: the first differing parameter, where, and the largest difference
   (a float32 run whose servers used NumPy's SGD instead of the kernel, e.g. under
   ``NUMBA_DISABLE_JIT=1``, differs by rounding: its largest difference is small);
-* 2: the run cannot be replayed, and why (:class:`CannotReplay`).
+* 2: the run cannot be replayed, and why (:class:`CannotReplay`): it is not replayable
+  (a synchronous strategy, a resumed run, ...), or what it wrote, or its dataset file,
+  does not check (:mod:`minidp.replay.recorded`), so that 1 never blames a run for a
+  damaged file;
+* 70 (``EX_SOFTWARE``): the replay itself failed, a bug in minidp: the traceback is
+  printed (never 1, which would blame the run).
 
 ``--explain N`` prints the first N updates: which worker's gradient, its staleness,
 the scale or rate the rule gave it, and the samples it was computed on.
@@ -22,14 +27,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import traceback
 
 import numpy as np
 
 from minidp.replay.elastic import ElasticReplay
-from minidp.replay.recorded import CannotReplay, Recorded, Workers, read_run
+from minidp.replay.recorded import ELASTIC, CannotReplay, Recorded, Workers, read_run
 from minidp.replay.servers import Differs, ServersReplay, Update
 
-ELASTIC = ("easgd-rr", "easgd-async", "measgd-async")
+EXIT_CRASHED = 70  # sysexits.h's EX_SOFTWARE: an internal error, not a verdict on the run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -52,9 +58,9 @@ def compare(run: Recorded, workers: Workers, final: np.ndarray) -> tuple[bool, s
     first, largest, where = None, 0.0, ""
     for name in names:
         theirs, ours = run.result[name], mine[name]
-        if theirs.shape != ours.shape:
-            raise CannotReplay(f"model.npz's {name!r} has shape {theirs.shape}, the replay's "
-                               f"model {ours.shape}: not this run's model")
+        if theirs.dtype.kind != "f" or theirs.shape != ours.shape:
+            raise CannotReplay(f"model.npz's {name!r} is {theirs.dtype} {theirs.shape}, the "
+                               f"replay's model {ours.dtype} {ours.shape}: not this run's model")
         gap = np.abs(theirs.astype(np.float64) - ours.astype(np.float64))
         if not np.array_equal(theirs, ours):
             if first is None:
@@ -136,7 +142,14 @@ def run(args: argparse.Namespace) -> int:
     if args.explain < 0:
         print(f"error: --explain: got {args.explain}, allowed: an int >= 0", file=sys.stderr)
         return 2
-    outcome = replay(args.path, args.explain, args.data_dir)
+    try:
+        outcome = replay(args.path, args.explain, args.data_dir)
+    except Exception:  # what passed every check and still failed is minidp's own bug
+        traceback.print_exc()
+        print(f"replay: internal error while replaying {args.path} (a bug in minidp, not a "
+              f"verdict on the run: please report it with the traceback above; exit status "
+              f"{EXIT_CRASHED})", file=sys.stderr, flush=True)
+        return EXIT_CRASHED
     stream = sys.stderr if outcome.status == 2 else sys.stdout
     print("\n".join(outcome.lines), file=stream, flush=True)
     return outcome.status

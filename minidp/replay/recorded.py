@@ -4,7 +4,10 @@ Everything the replay starts from is what the run wrote (``run.json``, ``summary
 ``events.json``, ``model.npz``) and the dataset file it trained on. What cannot be
 replayed exactly is refused with the reason (:class:`CannotReplay`, exit status 2):
 a strategy without events, a resumed run, a reader whose shards depend on the node
-layout, a model with dropout, gradients computed on a GPU.
+layout, a model with dropout, gradients computed on a GPU. So is what does not check
+(:mod:`minidp.replay.checks`: the files' form; here, a dataset file whose payload does
+not match its header's checksum, damaged or changed since the run), before a single
+gradient is taken, so that exit status 1 ("differs") only ever blames the run.
 
 The model is built as the Trainer builds it (the seed, ``model_for``, the dtype): rank
 0's draw, which every rank of the run started from. A worker's samples are re-read as
@@ -15,8 +18,8 @@ new order when it runs out (:class:`minidp.io.training_data.Batches`, the same c
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -26,8 +29,24 @@ from minidp import Tensor, layers, optim
 from minidp import functional as F
 from minidp.io.mdp import read_header
 from minidp.io.prepare import dataset_paths
-from minidp.io.readers import open_reader
+from minidp.io.readers import open_reader, verify_checksum
 from minidp.io.training_data import Batches, TrainingData
+from minidp.replay.checks import (
+    CONFIG,
+    ELASTIC,
+    OPTIONS,
+    SUMMARY,
+    SUMMARY_MAY,
+    CannotReplay,
+    Unreadable,
+    check_events,
+    check_fields,
+    json_object,
+    load_json,
+    load_model,
+)
+
+__all__ = ["ELASTIC", "CannotReplay", "Recorded", "Workers", "read_run"]
 
 REPLAYED = ("asgd", "amsgd", "softsync", "dbs", "easgd-rr", "easgd-async", "measgd-async")
 WHY_NOT = {
@@ -39,20 +58,6 @@ WHY_NOT = {
     "easgd-hogwild": "lock-free: its centre depends on races between writes, not recorded",
 }
 READERS = ("mpiio", "memory", "strided")
-
-
-class CannotReplay(Exception):
-    """The run cannot be replayed exactly; the message says why (exit status 2)."""
-
-
-def _load_json(path: str, what: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CannotReplay(f"{what}: {path} is missing") from None
-    except json.JSONDecodeError as error:
-        raise CannotReplay(f"{what}: {path} is not valid JSON ({error})") from None
 
 
 @dataclasses.dataclass
@@ -124,36 +129,37 @@ def read_run(path: str) -> Recorded:
     if not os.path.isdir(path):
         raise CannotReplay(f"RUN: got {path!r}, allowed: a directory that `minidp train "
                            "--out` wrote")
-    record = _load_json(os.path.join(path, "run.json"), "run.json")
-    config = record.get("config", {})
+    record = load_json(os.path.join(path, "run.json"), "run.json")
+    where = f"run.json: '{os.path.join(path, 'run.json')}', 'config'"
+    try:
+        config = json_object(record.get("config"), where)
+    except Unreadable as exc:
+        raise CannotReplay(str(exc)) from None
     strategy = config.get("strategy")
     if strategy not in REPLAYED:
-        why = WHY_NOT.get(strategy, "it records no events")
+        why = WHY_NOT.get(strategy, "it records no events") if isinstance(strategy, str) \
+            else "not a strategy's name"
         raise CannotReplay(f"strategy {strategy!r} is not replayed ({why}); replayed: "
                            f"{', '.join(REPLAYED)}")
     if record.get("resumed"):
         raise CannotReplay("the run was resumed from a checkpoint: the events before the "
                            "stop were not kept, so its order is known only from the resume")
-    summary = _load_json(os.path.join(path, "summary.json"),
-                         "summary.json (written when a run finishes)")
+    check_fields(config, CONFIG, where)
+    check_fields(config["options"], OPTIONS[strategy], f"{where}, 'options'")
+    summary_path = os.path.join(path, "summary.json")
+    summary = load_json(summary_path, "summary.json", "written when a run finishes")
+    check_fields(summary, SUMMARY, f"summary.json: '{summary_path}'", SUMMARY_MAY)
     if summary.get("device", "cpu") != "cpu":
         raise CannotReplay(f"the run computed its gradients on {summary['device']}; the "
                            "replay computes them on the CPU, whose rounding differs")
-    if config.get("reader") not in READERS:
-        raise CannotReplay(f"reader {config.get('reader')!r}: its shards follow the node "
+    if config["reader"] not in READERS:
+        raise CannotReplay(f"reader {config['reader']!r}: its shards follow the node "
                            f"layout; replayed: {', '.join(READERS)}")
-    events = _load_json(os.path.join(path, "events.json"), "events.json")
-    if events.get("strategy") != strategy or len(events.get("ranks", [])) != \
-            summary.get("world_size"):
-        raise CannotReplay(f"events.json is not this run's ({events.get('strategy')!r} on "
-                           f"{len(events.get('ranks', []))} ranks, the run: {strategy!r} on "
-                           f"{summary.get('world_size')})")
-    try:
-        with np.load(os.path.join(path, "model.npz")) as saved:
-            result = {k: saved[k] for k in saved.files}
-    except FileNotFoundError:
-        raise CannotReplay(f"model.npz: {os.path.join(path, 'model.npz')} is missing") from None
-    return Recorded(path, config, summary, events, result)
+    events_path = os.path.join(path, "events.json")
+    events = load_json(events_path, "events.json")
+    check_events(events, strategy, summary["world_size"], config["epochs"],
+                 f"events.json: '{events_path}'")
+    return Recorded(path, config, summary, events, load_model(os.path.join(path, "model.npz")))
 
 
 class Workers:
@@ -168,10 +174,22 @@ class Workers:
         c = run.config
         self.run = run
         train = dataset_paths(c["dataset"], data_dir or c["data_dir"])[0]
-        if not os.path.exists(train):
+        if not os.path.lexists(train):
             raise CannotReplay(f"dataset file {train} is missing: give the run's data with "
                                "--data-dir")
-        self.header = read_header(train)
+        try:
+            self.header = read_header(train)
+            # A damaged file, or one changed since the run, would make the replay differ
+            # and blame the run: checked whole first, as train checks it at its start.
+            verify_checksum(train, self.header, MPI.COMM_SELF)
+        except (OSError, ValueError) as exc:
+            raise CannotReplay(f"{re.sub(r'^rank 0: ', '', str(exc))}; give the file the run "
+                               "trained on with --data-dir") from None
+        records = self.header.count if c["train_samples"] is None else c["train_samples"]
+        largest = max((row[1] for w in run.workers for row in run.rows(w)), default=0)
+        if largest > records:
+            raise CannotReplay(f"events.json: a step of {largest} samples, allowed: at most "
+                               f"the {records} training samples the run used")
         self.model = self._model()
         self.flat = self.model.flat_parameters()
         self.initial = self.flat.data.copy()

@@ -10,15 +10,22 @@ cores; then :mod:`minidp.reporting.report` writes ``OUT/report.md`` over all of 
 it). A strategy written ``NAME:OPTION=VALUE[:OPTION=VALUE...]`` is a variant: the job
 gets ``--set NAME.OPTION=VALUE`` for each, so one strategy can run with several
 settings side by side. The train flags are checked once before anything is launched,
-so a typo costs nothing. A job that fails is reported with its last lines and left out
-of the report.
+so a typo costs nothing; so are compare's own (``--timeout`` a finite number of seconds
+> 0, ``--mpiexec`` a program that exists, ``--out`` a new or empty directory): one line
+``error: compare: ...``, exit status 2. A job that fails is reported with its last
+lines and left out of the report (exit status 1). A job past ``--timeout`` is ended
+whole, leaving nothing behind: SIGTERM first (``train`` stops with a checkpoint), SIGKILL
+after a grace period, then the shared-memory files its processes used are removed
+(:func:`minidp.reporting.launcher.run_job`); Ctrl-C ends the running job the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
+import shutil
 import sys
 
 from minidp.reporting.launcher import mpiexec, run_job
@@ -88,21 +95,35 @@ def flags_for(strategy: str, flags: list[str]) -> list[str]:
 
 def check_train_flags(strategies: list[tuple[str, list[str]]], flags: list[str]) -> None:
     """Parse each job's flags as `train` would, so a bad one fails before any launch."""
-    from minidp.run.flags import build_parser, from_args
+    from minidp.run.flags import check_command_line
 
     for flag in ("--strategy", "--out"):
         if flag in flags:
             raise ValueError(f"compare: train flags: {flag} is set by compare, allowed: "
                              "every other train flag")
     for strategy, sets in strategies:
-        parser = build_parser(argparse.ArgumentParser(prog="minidp train", add_help=False))
         try:
-            args = parser.parse_args([*flags_for(strategy, flags), *sets, "--strategy",
-                                      strategy])
-        except SystemExit:
-            raise ValueError(f"compare: train flags: {shlex.join(flags)!r} are not valid "
-                             "train flags (see python -m minidp train --help)") from None
-        from_args(args)
+            check_command_line([*flags_for(strategy, flags), *sets, "--strategy", strategy])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"compare: train flags: {exc}") from None
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse compare's own bad options (ValueError naming the option), before any job."""
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"compare: --timeout: got {args.timeout!r}, allowed: a finite number "
+                         "of seconds > 0 (each job's)")
+    if args.ranks < 1:
+        raise ValueError(f"compare: --ranks: got {args.ranks}, allowed: an int >= 1")
+    if args.mpiexec is not None and shutil.which(args.mpiexec) is None:
+        raise ValueError(f"compare: --mpiexec: got {args.mpiexec!r}, allowed: a program that "
+                         "exists and may be run (a path, or a name on PATH)")
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"compare: --out: {args.out!r} is not a directory, allowed: a new or "
+                         "empty directory")
+    if os.path.isdir(args.out) and os.listdir(args.out):
+        raise ValueError(f"compare: --out: {args.out!r} is not empty, allowed: a new or "
+                         "empty directory")
 
 
 def launcher(args: argparse.Namespace) -> str:
@@ -115,11 +136,7 @@ def run(args: argparse.Namespace) -> int:
     check_plotting()
     strategies = strategies_of(args.strategies)
     flags = args.train_flags[1:] if args.train_flags[:1] == ["--"] else args.train_flags
-    if args.ranks < 1:
-        raise ValueError(f"compare: --ranks: got {args.ranks}, allowed: an int >= 1")
-    if os.path.exists(args.out) and os.listdir(args.out):
-        raise ValueError(f"compare: --out: {args.out!r} is not empty, allowed: a new or "
-                         "empty directory")
+    check_options(args)
     check_train_flags(strategies, flags)
     done, failed = [], []
     for k, (strategy, sets) in enumerate(strategies):
@@ -128,9 +145,17 @@ def run(args: argparse.Namespace) -> int:
                    "-m", "minidp", "train", *flags_for(strategy, flags), *sets,
                    "--strategy", strategy, "--out", out, "--no-progress"]
         print(f"$ {shlex.join(command)}", flush=True)
-        status, output = run_job(command, args.timeout)
-        tail = "\n".join(output.strip().splitlines()[-2:])
-        print(tail, flush=True)
+        try:
+            status, output = run_job(command, args.timeout)
+        except KeyboardInterrupt:  # run_job ended the job whole before this
+            print(f"compare: interrupted; the {strategy} job was ended (no report written)",
+                  file=sys.stderr, flush=True)
+            return 130
+        lines = output.strip().splitlines()
+        # What the job warned of at its start (a DASO run that never cycles, an ignored
+        # flag), then its last two lines: the final accuracy and time.
+        told = [line for line in lines[:-2] if line.startswith(("warning:", "note:"))]
+        print("\n".join([*told, *lines[-2:]]), flush=True)
         (done if status == 0 else failed).append(out)
         if status != 0:
             print(f"{strategy} failed (exit {status}); left out of the report",

@@ -210,9 +210,10 @@ def batch_sizes(runs: list[Run]) -> Figure | None:
     for r in dbs:
         means = r.strategy_stats("worker_mean_batch")
         epochs = [m["epoch"] for m in r.epochs]
-        for worker in sorted(means[0], key=int):
-            ax.plot(epochs, [m[worker] for m in means], marker="o",
-                    label=f"{r.label}: rank {worker}")
+        for worker in sorted({w for m in means if m for w in m}, key=int):
+            # an epoch without the worker's mean (none recorded) is a gap in its line
+            ax.plot(epochs, [m.get(worker, math.nan) if m else math.nan for m in means],
+                    marker="o", label=f"{r.label}: rank {worker}")
     ax.set(title="Per-worker batch size (mean over each epoch's pushes)",
            ylabel="samples per gradient")
     _epochs(ax)

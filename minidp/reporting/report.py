@@ -4,6 +4,11 @@ The runs are read by :mod:`minidp.reporting.runs`; ``report.md`` holds a table o
 runs, the plots of :mod:`minidp.reporting.plots`, and every run's epochs. A run that is
 still going (or was stopped) has no ``summary.json``; its finished epochs are reported
 and the table says it is unfinished.
+
+Bad input is one line ``error: report: ...`` and exit status 2, before anything is
+written: a RUN_DIR that is not a run, a file in it that is not minidp's (not a regular
+file, not JSON, a metrics row without a field the report needs), an ``--out`` that is
+not a directory or cannot be written (its path and why).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 from typing import Any
 
 from minidp.io.atomic import atomic_write
+from minidp.reporting.readback import kind_of
 from minidp.reporting.runs import LEVELS, Run, common_settings, label_runs, load_run
 from minidp.trace import PHASES
 
@@ -56,8 +62,30 @@ def epochs_table(run: Run) -> list[str]:
     return rows
 
 
+def check_out(out: str) -> None:
+    """Refuse an ``--out`` that is not a directory (nor a new name): ValueError naming it."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        there = os.stat(out) if os.path.exists(out) else os.lstat(out)
+        raise ValueError(f"report: --out: '{out}' is {kind_of(there.st_mode)}, allowed: a "
+                         "directory, new or existing, for report.md and the plots")
+
+
 def write_report(runs: list[Run], out: str) -> str:
-    """Write ``out/report.md`` and the plots; the report's path."""
+    """Write ``out/report.md`` and the plots; the report's path.
+
+    Raises:
+        ValueError: ``out`` is not a directory, or cannot be written (its path and why).
+    """
+    check_out(out)
+    try:
+        return _write(runs, out)
+    except OSError as exc:
+        where = exc.filename or out
+        raise ValueError(f"report: --out: cannot write '{where}': {exc.strerror or exc}") \
+            from None
+
+
+def _write(runs: list[Run], out: str) -> str:
     from minidp.reporting import plots  # matplotlib is imported only when a report is made
 
     os.makedirs(out, exist_ok=True)
@@ -101,6 +129,7 @@ def check_plotting() -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the runs, label them, write the report; 0, or 2 on a bad argument."""
     check_plotting()
+    check_out(args.out)
     runs = [load_run(path) for path in args.runs]
     label_runs(runs)
     path = write_report(runs, args.out)

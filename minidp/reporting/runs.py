@@ -2,9 +2,12 @@
 
 A run directory (``--out`` of ``train``) holds ``run.json``, ``metrics.jsonl``,
 ``summary.json`` and ``trace.json`` (:mod:`minidp.run.files`). :func:`load_run` reads
-them; :func:`label_runs` names each run by its strategy and, shortly, the settings in
-which the runs differ (``sync (50 us, 1 Gb/s, 2 per node)``). A run that is still going
-(or was stopped) has no ``summary.json``.
+them, regular files only (a FIFO or a device is refused, never waited on:
+:mod:`minidp.reporting.readback`), and checks every field the report and the plots use
+(:data:`METRICS`, :data:`SUMMARY`), so a changed or truncated file is one error naming
+the file, its line and the field; :func:`label_runs` names each run by its strategy and,
+shortly, the settings in which the runs differ (``sync (50 us, 1 Gb/s, 2 per node)``). A
+run that is still going (or was stopped) has no ``summary.json``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,25 @@ import math
 import os
 from typing import Any
 
+from minidp.reporting.readback import (
+    FLAG,
+    FRACTION,
+    LOSS,
+    NUMBER,
+    OBJECT,
+    SECONDS,
+    SECONDS_BY_NAME,
+    TEXT,
+    Unreadable,
+    count,
+    fields,
+    is_int,
+    is_number,
+    json_object,
+    open_regular,
+    optional,
+    read_json,
+)
 from minidp.run.config import STRATEGY_RATES, TrainConfig
 from minidp.strategies import STRATEGIES
 from minidp.trace import PHASES
@@ -36,6 +58,24 @@ SHORT = {"epochs": "{} epochs", "net_latency_us": "{:g} us", "net_bandwidth_gbps
          "optimizer": "{}", "schedule": "{} schedule", "allreduce": "allreduce {}"}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
             if f.default is not dataclasses.MISSING}
+# The fields of a metrics.jsonl row that the report and the plots read (run/trainer.py
+# writes them), then those a row may hold; and the summary's.
+METRICS = {"epoch": count(1), "train_loss": LOSS, "test_loss": LOSS,
+           "test_accuracy": FRACTION, "wall_s": SECONDS}
+METRICS_MAY = {"comm_s": SECONDS, "phases": SECONDS_BY_NAME, "strategy": OBJECT}
+STRATEGY_STATS = {
+    "staleness_histogram": ((lambda v: isinstance(v, list) and all(is_int(c) and c >= 0
+                                                                   for c in v)),
+                            "an array of ints >= 0"),
+    "global_skip": optional(NUMBER), "batches_to_wait": optional(NUMBER),
+    "local_skip": optional(NUMBER),
+    "worker_mean_batch": ((lambda v: isinstance(v, dict) and all(
+        k.isdigit() and is_number(x) for k, x in v.items())),
+        "a JSON object of finite numbers by worker rank")}
+SUMMARY = {"world_size": count(1), "wall_s": SECONDS}
+SUMMARY_MAY = {"bytes_sent": ((lambda v: isinstance(v, dict) and all(
+    is_number(x) and x >= 0 for x in v.values())), "a JSON object of byte counts >= 0")}
+CONFIG_MAY = {"strategy": TEXT, "options": OBJECT, "nesterov": FLAG}
 
 
 @dataclasses.dataclass
@@ -66,53 +106,76 @@ class Run:
         return [m.get("strategy", {}).get(key) for m in self.epochs]
 
 
-def _read_json(path: str, what: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"report: {what}: {path} is not valid JSON ({error})") from None
-
-
 def rank_phases(trace_path: str) -> dict[int, dict[str, float]]:
     """Seconds per phase per rank over the whole run, summed from the trace's events."""
-    if not os.path.exists(trace_path):
+    if not os.path.lexists(trace_path):
         return {}
-    trace = _read_json(trace_path, "trace")
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    trace = read_json(trace_path, "trace.json")
+    events = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(events, list):
+        raise Unreadable(f"trace.json: '{trace_path}' holds no list of events, allowed: "
+                         "Chrome's trace format, as minidp writes it")
     totals: dict[int, dict[str, float]] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("name") in PHASES:
-            per_rank = totals.setdefault(int(e["pid"]), dict.fromkeys(PHASES, 0.0))
+    for k, e in enumerate(events):
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("name") in PHASES:
+            fields(e, {"pid": count(0), "dur": SECONDS}, f"trace.json: '{trace_path}', event {k}")
+            per_rank = totals.setdefault(e["pid"], dict.fromkeys(PHASES, 0.0))
             per_rank[e["name"]] += e["dur"] * 1e-6
     return dict(sorted(totals.items()))
 
 
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The epochs of ``metrics.jsonl``, every row checked (:data:`METRICS`).
+
+    A diverged epoch's losses are null (strict JSON): read as NaN, to format and plot.
+    """
+    epochs = []
+    with open_regular(path, "metrics.jsonl") as f:
+        try:
+            lines = list(f)
+        except UnicodeDecodeError as error:
+            raise Unreadable(f"metrics.jsonl: '{path}' is not UTF-8 text ({error})") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"metrics.jsonl: '{path}', line {number}"
+        try:
+            row = json_object(json.loads(line), where)
+        except json.JSONDecodeError as error:
+            raise Unreadable(f"{where}: not valid JSON at character {error.pos + 1} "
+                             f"({error.msg})") from None
+        fields(row, METRICS, where, METRICS_MAY)
+        fields(row.get("strategy", {}), {}, f"{where}, 'strategy'", STRATEGY_STATS)
+        epochs.append({k: math.nan if k in ("train_loss", "test_loss") and v is None else v
+                       for k, v in row.items()})
+    return epochs
+
+
 def load_run(path: str) -> Run:
-    """Read a run directory; a clear error when it is not one."""
+    """Read a run directory; a clear error when it is not one, or a file is not minidp's."""
     if not os.path.isdir(path):
         raise ValueError(f"report: RUN_DIR: got {path!r}, allowed: a directory that "
                          "`minidp train --out` wrote")
     metrics_path = os.path.join(path, "metrics.jsonl")
     run_path = os.path.join(path, "run.json")
-    if not os.path.exists(run_path) or not os.path.exists(metrics_path):
+    if not os.path.lexists(run_path) or not os.path.lexists(metrics_path):
         raise ValueError(f"report: RUN_DIR: {path!r} has no run.json and metrics.jsonl, "
                          "allowed: a directory that `minidp train --out` wrote")
-    config = _read_json(run_path, "run.json").get("config", {})
-    epochs = []
-    with open(metrics_path) as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    # a diverged epoch's losses are null (strict JSON): NaN to format and plot
-                    epochs.append({k: math.nan if v is None else v
-                                   for k, v in json.loads(line).items()})
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"report: {metrics_path}, line {number}: not valid "
-                                     f"JSON ({error})") from None
-    summary_path = os.path.join(path, "summary.json")
-    summary = _read_json(summary_path, "summary") if os.path.exists(summary_path) else None
-    return Run(path, config, epochs, summary, rank_phases(os.path.join(path, "trace.json")))
+    try:
+        record = json_object(read_json(run_path, "run.json"), f"run.json: '{run_path}'")
+        config = json_object(record.get("config", {}), f"run.json: '{run_path}', 'config'")
+        fields(config, {}, f"run.json: '{run_path}', 'config'", CONFIG_MAY)
+        epochs = read_metrics(metrics_path)
+        summary_path = os.path.join(path, "summary.json")
+        summary = None
+        if os.path.lexists(summary_path):
+            where = f"summary.json: '{summary_path}'"
+            summary = json_object(read_json(summary_path, "summary.json"), where)
+            fields(summary, SUMMARY, where, SUMMARY_MAY)
+        phases = rank_phases(os.path.join(path, "trace.json"))
+    except Unreadable as exc:
+        raise Unreadable(f"report: {exc}") from None
+    return Run(path, config, epochs, summary, phases)
 
 
 def chosen_options(run: Run) -> dict[str, Any]:

@@ -131,12 +131,7 @@ class TrainConfig:
         lr, momentum = STRATEGY_RATES[self.strategy]
         self.lr = lr if self.lr is None else self.lr
         self.momentum = momentum if self.momentum is None else self.momentum
-        self.options = strategy_class(self.strategy).parse_options(self.options)
-        for name, value in self.options.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                allowed = strategy_class(self.strategy).options[name].allowed
-                raise ValueError(f"{self.strategy}.{name}: got {value!r}, allowed: a finite "
-                                 f"number, {allowed}")
+        self.options = strategy_options(self.strategy, self.options)
         _positive("epochs", self.epochs)
         for name in ("batch_size", "global_batch_size", "train_samples", "test_samples",
                      "ranks_per_node", "stop_after"):
@@ -146,16 +141,18 @@ class TrainConfig:
             raise ValueError("--batch-size and --global-batch-size: give one of them, not both")
         for name in ("checkpoint_every", "warmup_epochs", "seed", "explain"):
             _positive(name, getattr(self, name), minimum=0)
+        if self.warmup_epochs > self.epochs:
+            # The rate would still be rising when the run ends: --lr never reached.
+            raise ValueError(f"--warmup-epochs: got {self.warmup_epochs} with --epochs "
+                             f"{self.epochs}, allowed: 0 to {self.epochs} (the warm-up raises "
+                             "the rate linearly to --lr; one longer than the run ends at "
+                             f"{self.epochs / self.warmup_epochs:.0%} of it); give --epochs "
+                             f"{self.warmup_epochs} or more, or a shorter warm-up")
         for name in ("lr", "trust_coefficient"):
             _number(name, getattr(self, name), lambda v: v > 0, "a finite number > 0")
         _number("momentum", self.momentum, lambda v: 0 <= v < 1, "a number in [0, 1)")
         _number("weight_decay", self.weight_decay, lambda v: v >= 0, "a finite number >= 0")
-        _number("net_latency_us", self.net_latency_us, lambda v: 0 <= v <= MAX_LATENCY_US,
-                f"a finite number in [0, {MAX_LATENCY_US:g}] (microseconds per message)")
-        _number("net_bandwidth_gbps", self.net_bandwidth_gbps,
-                lambda v: v == 0 or MIN_BANDWIDTH_GBPS <= v <= MAX_BANDWIDTH_GBPS,
-                f"0 (unlimited) or a finite number in [{MIN_BANDWIDTH_GBPS:g}, "
-                f"{MAX_BANDWIDTH_GBPS:g}]")
+        check_network(self.net_latency_us, self.net_bandwidth_gbps)
         self.slowdowns()
         faults.parse(self.inject_fault)
         if self.comm_timeout is not None:
@@ -173,6 +170,31 @@ class TrainConfig:
                              "--checkpoint-every N (N >= 1): a stopped run continues from its "
                              "checkpoint with --resume")
         return self
+
+
+def strategy_options(strategy: str, given: dict[str, Any]) -> dict[str, Any]:
+    """``strategy``'s options with ``given`` over its defaults, each checked; finite numbers.
+
+    The one check of strategy options for ``train`` and ``simulate``; ValueError naming
+    ``STRATEGY.OPTION``, the value and what is allowed.
+    """
+    cls = strategy_class(strategy)
+    options = cls.parse_options(given)
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{strategy}.{name}: got {value!r}, allowed: a finite number, "
+                             f"{cls.options[name].allowed}")
+    return options
+
+
+def check_network(latency_us: Any, bandwidth_gbps: Any) -> None:
+    """The network model's two flags, for ``train`` and ``simulate`` alike (ValueError)."""
+    _number("net_latency_us", latency_us, lambda v: 0 <= v <= MAX_LATENCY_US,
+            f"a finite number in [0, {MAX_LATENCY_US:g}] (microseconds per message)")
+    _number("net_bandwidth_gbps", bandwidth_gbps,
+            lambda v: v == 0 or MIN_BANDWIDTH_GBPS <= v <= MAX_BANDWIDTH_GBPS,
+            f"0 (unlimited) or a finite number in [{MIN_BANDWIDTH_GBPS:g}, "
+            f"{MAX_BANDWIDTH_GBPS:g}]")
 
 
 def flag_name(name: str) -> str:

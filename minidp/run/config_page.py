@@ -38,13 +38,15 @@ ENVIRONMENT = {
     "MINIDP_THREAD_DEFAULTS": "written by minidp, not by you: the thread variables it filled "
     "in, so that a child process can tell them from yours",
     "MINIDP_BACKEND": "`numpy` (default) or `cupy`: the array backend (`cupy` trains on the "
-    "GPU, docs/gpu.md)",
+    "GPU, docs/gpu.md; without CuPy or a GPU it is refused in one line, and a program that "
+    "uses minidp anyway gets that reason, never NumPy in its place)",
     "MINIDP_CUDA_KERNELS": "`0`: CuPy runs the NumPy reference code instead of minidp's CUDA "
-    "kernels",
+    "kernels; `1` (default): the kernels",
     "MINIDP_HOST_REPLICA": "`1`: compute on a NumPy replica through the GPU path's staging "
-    "(tests the GPU path without a GPU)",
-    "MINIDP_MALLOC_TUNING": "`0`: leave glibc's malloc thresholds as they are (minidp raises "
-    "them at import unless `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_` is set)",
+    "(tests the GPU path without a GPU); `0` (default): on the model",
+    "MINIDP_MALLOC_TUNING": "`0`: leave glibc's malloc thresholds as they are; `1` (default): "
+    "minidp raises them at import unless `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_` "
+    "is set",
     "MINIDP_COMM_TIMEOUT": "seconds a rank waits in a collective before naming the ranks that "
     "never arrived (default 300; `--comm-timeout` wins)",
     "MINIDP_DEBUG": "`1`: before every collective, check that all ranks call the same "
@@ -185,6 +187,10 @@ def page() -> str:
         "strategy) or in the TOML file's `[STRATEGY]` table; the pages `docs/NAME.md` "
         "explain them.", "", *option_rows(), "",
         "## Environment variables", "",
+        "Every command checks minidp's variables when it starts (`minidp/run/environment.py`;"
+        " `info` shows a bad one instead): a value a variable does not allow is one line "
+        "naming the variable, the value and what is allowed, exit status 2, printed once by "
+        "a job's rank 0. A switch takes `0` or `1` only (empty or unset: its default).", "",
         "| variable | what |", "|---|---|",
         *(f"| `{'`, `'.join(name.split(', '))}` | {_cell(text)} |"
           for name, text in ENVIRONMENT.items()), ""]

@@ -8,6 +8,8 @@
   a batch job or CI, whose output goes to files and pipes. ``MINIDP_PROGRESS`` and
   ``MINIDP_PROGRESS_SECONDS`` override the choice and the interval. Rank 0 prints one
   line per epoch.
+* :func:`first_line`: ``out: DIR``, and where a resumed run goes on (epochs counted
+  from 1, as the epoch lines count them).
 * :class:`Explainer`: ``--explain N`` (or ``MINIDP_EXPLAIN=N``) prints, for this rank's
   first N steps, every communication it makes, in order, as the tracer records it:
   level, operation, peers, bytes, time. Rank 0 first prints the strategy's docstring,
@@ -183,6 +185,15 @@ class Progress:
               f"test loss {m['test_loss']:.4f}  test accuracy {m['test_accuracy']:.2%}  "
               f"{m['wall_s']:.1f} s (communication {m['comm_s'] / m['wall_s']:.0%})",
               flush=True)
+
+
+def first_line(out: str, resuming: bool, start: int, partial: dict[str, Any] | None) -> str:
+    """``out: DIR``, and where a resumed run goes on, its epochs counted from 1 as above."""
+    if not resuming:
+        return f"out: {out}"
+    where = (f"in epoch {start + 1}, after batch {partial['batch']}" if partial
+             else f"after epoch {start}")
+    return f"out: {out} (resuming {where})"
 
 
 def explain_steps(flag: int) -> int:

@@ -1,7 +1,9 @@
 """A run's files: metrics per epoch, the summary, the model, the trace; and their tables.
 
-Written into ``--out`` (docs/design.md, "A run's files"), every file atomically (temporary name
-unique to the writing process, fsync, rename), so a crash never leaves half a file:
+Written into ``--out`` (docs/design.md, "A run's files"), every file atomically (a temporary
+name carrying the run's id, fsync, rename: :mod:`minidp.io.atomic`), so a crash never leaves
+half a file, and every name inside the run directory is used without following a link
+(:mod:`minidp.io.nofollow`), so nothing is ever written outside it:
 
 * ``metrics.jsonl``: one JSON object per epoch, flushed and fsynced as it is written;
 * ``model.npz`` and ``summary.json``: written before the event log (``events.json``,
@@ -28,8 +30,11 @@ from typing import Any
 import numpy as np
 
 from minidp.comm import Communicator, guard
-from minidp.io.atomic import atomic_write, write_failed
+from minidp.io.atomic import write_failed, write_into
+from minidp.io.nofollow import Directory
 from minidp.trace import PHASES
+
+PARTS = "trace-parts"
 
 
 def finite_or_none(value: Any) -> Any:
@@ -68,14 +73,33 @@ class RunFiles:
     """The output directory of one run, as rank 0 (and, for the trace, every rank) writes it.
 
     Every method is collective over ``world``, so a failed write is every rank's error.
+    ``run_id`` (the run's, from its claim) names the temporary files.
     """
 
-    def __init__(self, out: str, rank: int, world: Communicator) -> None:
-        self.out, self.rank, self.world = out, rank, world
+    def __init__(self, out: str, rank: int, world: Communicator, run_id: str) -> None:
+        self.out, self.rank, self.world, self.run_id = out, rank, world, run_id
 
     def path(self, name: str) -> str:
         """``out/name``."""
         return os.path.join(self.out, name)
+
+    def write(self, name: str, write: Callable[[Any], None], mode: str = "w",
+              inside: str | None = None) -> None:
+        """Write ``out/[inside/]name`` atomically, no link followed (:func:`write_into`)."""
+        try:
+            run = Directory.open(self.out)
+        except OSError as exc:
+            raise write_failed(self.path(name), exc) from None
+        with run:
+            if inside is None:
+                write_into(run, name, write, mode, self.run_id)
+                return
+            try:
+                directory = run.child(inside)
+            except OSError as exc:
+                raise write_failed(os.path.join(self.out, inside, name), exc) from None
+            with directory:
+                write_into(directory, name, write, mode, self.run_id)
 
     def agreed(self, write: Callable[..., None], *args: Any) -> None:
         """``write(*args)`` on every rank, its errors every rank's (:func:`agree`)."""
@@ -85,7 +109,7 @@ class RunFiles:
         """(Re)write metrics.jsonl with the epochs already done (a resumed run's)."""
         if self.rank == 0:
             lines = "".join(strict_json(m) + "\n" for m in history)
-            self.agreed(atomic_write, self.path("metrics.jsonl"), lambda f: f.write(lines))
+            self.agreed(self.write, "metrics.jsonl", lambda f: f.write(lines))
         else:
             self.agreed(lambda: None)
 
@@ -96,7 +120,7 @@ class RunFiles:
     def _append(self, line: str) -> None:
         path = self.path("metrics.jsonl")
         try:
-            with open(path, "a") as f:
+            with Directory.open(self.out) as run, run.append("metrics.jsonl") as f:
                 f.write(line + "\n")
                 f.flush()
                 os.fsync(f.fileno())
@@ -107,40 +131,46 @@ class RunFiles:
         """model.npz and summary.json (rank 0)."""
         def write() -> None:
             if self.rank == 0:
-                atomic_write(self.path("model.npz"), lambda f: np.savez(f, **state), "wb")
+                self.write("model.npz", lambda f: np.savez(f, **state), "wb")
                 text = strict_json(summary, indent=1)
-                atomic_write(self.path("summary.json"), lambda f: f.write(text))
+                self.write("summary.json", lambda f: f.write(text))
         self.agreed(write)
 
     def write_trace(self, events: list[dict[str, Any]]) -> None:
         """Every rank writes its events; rank 0 merges them into trace.json, rank by rank."""
-        parts, size = self.path("trace-parts"), self.world.Get_size()
-        self.agreed(self._parts_directory, parts)
-        mine = os.path.join(parts, f"rank-{self.rank:05d}.json")
-        self.agreed(atomic_write, mine, lambda f: json.dump(events, f))
+        size = self.world.Get_size()
+        self.agreed(self._parts_directory)
+        self.agreed(self.write, f"rank-{self.rank:05d}.json", lambda f: json.dump(events, f),
+                    "w", PARTS)
 
         def merge() -> None:
             if self.rank == 0:
-                atomic_write(self.path("trace.json"), lambda f: _merge(f, parts, size))
-                for r in range(size):
-                    os.remove(os.path.join(parts, f"rank-{r:05d}.json"))
-                os.rmdir(parts)
+                with Directory.open(self.out) as run, run.child(PARTS) as parts:
+                    self.write("trace.json", lambda f: _merge(f, parts, size))
+                    for r in range(size):
+                        parts.remove_file(f"rank-{r:05d}.json")
+                    left = parts.names()
+                if not left:  # a file of someone else's in it keeps it
+                    run_dir = Directory.open(self.out)
+                    with run_dir:
+                        run_dir.remove_dir(PARTS)
         self.agreed(merge)
 
-    def _parts_directory(self, parts: str) -> None:
+    def _parts_directory(self) -> None:
         if self.rank == 0:
             try:
-                os.makedirs(parts, exist_ok=True)
+                with Directory.open(self.out) as run:
+                    run.child(PARTS, create=True).close()
             except OSError as exc:
-                raise write_failed(parts, exc) from None
+                raise write_failed(self.path(PARTS), exc) from None
 
 
-def _merge(out: Any, parts: str, ranks: int) -> None:
+def _merge(out: Any, parts: Directory, ranks: int) -> None:
     """Stream every rank's part into one Chrome trace object."""
     out.write('{"displayTimeUnit": "ms", "traceEvents": [')
     first = True
     for r in range(ranks):
-        with open(os.path.join(parts, f"rank-{r:05d}.json")) as f:
+        with parts.open_read(f"rank-{r:05d}.json") as f:
             events = json.load(f)
         events.append({"name": "process_name", "ph": "M", "pid": r,
                        "args": {"name": f"rank {r}"}})

@@ -43,8 +43,9 @@ HELP = {
     "weight_decay": "L2 penalty added to the gradients",
     "trust_coefficient": "LARS's trust coefficient (eta)",
     "optimizer": "sgd or lars", "schedule": "constant, cosine, step or poly (per step)",
-    "warmup_epochs": "linear learning-rate warm-up", "ranks_per_node": "virtual nodes of "
-    "this many consecutive ranks (default: the real shared-memory nodes)",
+    "warmup_epochs": "linear learning-rate warm-up, at most --epochs", "ranks_per_node":
+    "virtual nodes of this many consecutive ranks, a divisor of the job's ranks (default: the "
+    "real shared-memory nodes)",
     "net_latency_us": "model: latency per inter-node message",
     "net_bandwidth_gbps": "model: inter-node bandwidth (0: unlimited)",
     "reader": "mpiio, memory, leader or strided", "dtype": "float32 or float64",
@@ -158,6 +159,23 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--set", action="append", default=[], metavar="STRATEGY.OPTION=VALUE",
         help="a strategy option (repeatable)")
     return parser
+
+
+class _Refusing(argparse.ArgumentParser):
+    """train's parser whose complaint is raised (ValueError), never printed with a usage."""
+
+    def error(self, message: str) -> None:  # noqa: D102 (argparse's hook)
+        raise ValueError(f"{message} (see python -m minidp train --help)")
+
+
+def check_command_line(argv: list[str]) -> TrainConfig:
+    """The checked configuration of ``minidp train ARGV``, as train makes it; else ValueError.
+
+    For commands that start train jobs (``compare``, ``simulate --validate``): a flag
+    that train would refuse is refused before any job starts, in train's own words.
+    """
+    return from_args(build_parser(_Refusing(prog="minidp train", add_help=False))
+                     .parse_args(argv))
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""Run directories: one run per directory, never two runs mixed, and ``run.json``.
+"""Run directories: one run per directory, one live job per run, nothing touched but minidp's.
 
 Without ``--out`` every run gets a directory of its own under ``runs/`` (relative to the
 working directory), numbered as PyTorch Lightning numbers its ``version_N``::
@@ -7,162 +7,255 @@ working directory), numbered as PyTorch Lightning numbers its ``version_N``::
 
 The number is one past the highest there; the directory is made with ``os.mkdir``, which
 fails if another job made it first, so two jobs started at once never share one (the
-loser takes the next number). ``runs/latest`` is replaced atomically (a new link under a
-temporary name, then ``os.replace``), so it always points at a whole run directory.
+loser takes the next number). ``runs/latest`` is minidp's when it is a link to a bare
+number beside it; only then is it replaced (atomically: a new link under a temporary
+name, then ``os.replace``), and only then does ``--resume`` without ``--out`` follow it.
+Anything else named ``latest`` (a directory of an older minidp, a user's file or link)
+is left as it is, with a note.
 
-**The claim.** ``run.json`` is the marker minidp owns: a run creates it exclusively
-(``link``, which fails on an existing name as ``O_CREAT | O_EXCL`` does) before it writes
-anything else there, holding :data:`MARKER` (the process id, host and time of the
-claim). Exactly one of two jobs started together on one ``--out`` creates it; the other
-is refused, naming the first (:func:`claim`). A directory is *minidp's run* when its
-``run.json`` holds the marker.
+**Deciding** (:func:`open_run`): rank 0 decides, then broadcasts, so every rank writes to
+the same place and raises the same :class:`~minidp.run.errors.UsageError` when the
+directory is refused. The decision holds the claim's lock (:func:`minidp.run.claim.deciding`):
 
-**Nothing minidp did not write is deleted.** ``--overwrite`` removes minidp's own files
-(:data:`RUN_FILES`, :data:`TRACE_FILES`; inside ``checkpoints/`` only checkpoint
-directories, inside ``trace-parts/`` only rank parts) and only from a directory that is
-minidp's run; anything else there is kept. An ``--out`` holding files of those names
-without minidp's ``run.json`` is refused, naming them. ``--resume auto`` never deletes:
-with a complete checkpoint it resumes; in a directory with no run of minidp's it starts
-(refusing if minidp's file names are there); in minidp's run with no checkpoint it
-refuses, saying what to do.
+1. ``run.json`` (:mod:`minidp.run.run_json`): with none, the directory must hold none of
+   minidp's names (else they are someone else's: refused, naming them); the job claims
+   it, exclusively, and starts. A ``run.json`` that holds no claim of minidp's is refused.
+2. The job that holds the claim (:func:`minidp.run.claim.holder`): alive, or on a host
+   minidp cannot see, and never released: refused, naming that job (never told to
+   ``--overwrite``: two jobs must not write one run). Gone: taken over, with a note.
+   Released: taken over.
+3. Everything under minidp's names is surveyed (:mod:`minidp.run.owned`): anything there
+   that minidp did not write (a link, a directory where a file goes, another run's
+   checkpoint) is refused, naming it, whatever the flags.
+4. Then: ``--resume`` or ``--resume auto`` with a checkpoint of this run continues it
+   (the claim taken over, the run's id kept). ``--overwrite`` removes the run's files
+   (:func:`minidp.run.owned.clear`) and claims the directory for a new run (a new id).
+   ``--resume`` without a checkpoint, ``--resume auto`` of a run without one (it never
+   deletes) and no flag on an existing run are refused, saying what to do.
 
-Rank 0 decides, then broadcasts, so every rank writes to the same place and raises the
-same :class:`~minidp.run.config.UsageError` when the directory is refused.
-
-``run.json``, rewritten by rank 0 once the run starts (atomically, the marker kept),
-records what the run was: configuration, versions, git commit, command line, world size,
-ranks per node, the host of every rank and MPI's machines (shared-memory nodes), MPI
-library, ``SLURM_JOB_ID`` and start time. A resumed run keeps the first record and
-appends one record per restart to its ``resumed`` list, with the settings that changed
-(``--lr``, ``--epochs``).
+An ``--out`` that cannot be made or written is one line naming it and what to do.
 """
 
 from __future__ import annotations
 
-import datetime
-import glob
-import json
+import errno
 import os
 import re
-import shutil
-import socket
-import subprocess
+import stat
 import sys
-from typing import Any
+from typing import NamedTuple
 
-import minidp
-from minidp.comm import Communicator, guard, mpi_library, versions
-from minidp.comm.topology import machines
-from minidp.io.atomic import atomic_write
-from minidp.run import checkpoint
+from minidp.comm import Communicator, guard
+from minidp.io.nofollow import LEAVE_IT, Directory, kind_of
+from minidp.run import claim, owned, run_json
+from minidp.run.claim import MARKER
 from minidp.run.errors import UsageError
 
-RUN_FILES = ("run.json", "metrics.jsonl", "summary.json", "model.npz", "events.json",
-             "checkpoints")
-TRACE_FILES = ("trace.json", "trace-parts")
 LATEST = "latest"
-MARKER = "minidp_run"  # run.json's key: the claim (pid, host, time) that makes it minidp's
-# What minidp writes inside its two directories: checkpoints (and their .tmp while written),
-# and each rank's trace part (and its atomic write's temporary name).
-OWN_ENTRIES = {"checkpoints": re.compile(r"epoch-\d{4,}(-batch-\d{5,})?(\.tmp)?"),
-               "trace-parts": re.compile(r"rank-\d{5,}\.json(\.tmp-\d+)?")}
+NUMBER = re.compile(r"\d{4,}")
+ADVICE = {errno.EACCES: "choose a --out where you may write (or change its permissions)",
+          errno.EPERM: "choose a --out where you may write (or change its permissions)",
+          errno.EROFS: "its file system is read-only: choose a --out on a writable one",
+          errno.ENOTDIR: "a part of that path is a file, not a directory: choose another --out",
+          errno.ENOSPC: "free space there, or choose a --out on another file system",
+          errno.EDQUOT: "free space there (a quota), or choose a --out on another file system"}
 
 
-def run_files(path: str) -> list[str]:
-    """The names of minidp's own run files in ``path`` (trace files included)."""
-    if not os.path.isdir(path):
-        return []
-    return [name for name in RUN_FILES + TRACE_FILES
-            if os.path.lexists(os.path.join(path, name))]
+class Opened(NamedTuple):
+    """The run directory a job writes: its path, whether it resumes, the run's id."""
+
+    path: str
+    resuming: bool
+    run_id: str
 
 
-def _json_object(path: str) -> dict[str, Any] | None:
-    """The JSON object in the file ``path``, or None (missing, unreadable, not an object)."""
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+def unusable(out: str, exc: OSError) -> str:
+    """One line for an ``--out`` that cannot be made or written: the path, why, what to do."""
+    if exc.errno is None:  # minidp's own message (a WrongKind): it names the path
+        return str(exc)
+    where = exc.filename or out
+    return (f"--out '{out}': cannot create or write the run directory ('{where}': "
+            f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})); "
+            f"{ADVICE.get(exc.errno, 'choose another --out')}")
 
 
-def read_run_json(path: str) -> dict[str, Any] | None:
-    """``path/run.json`` as a dict if it is minidp's (it holds :data:`MARKER`), else None."""
-    record = _json_object(os.path.join(path, "run.json"))
-    return record if record is not None and isinstance(record.get(MARKER), dict) else None
+def _not_ours(out: str, names: list[str], why: str | None) -> UsageError:
+    reason = why or "its run.json is missing"
+    return UsageError(f"--out '{out}' holds {', '.join(names) or 'run.json'} but no run of "
+                      f"minidp's ({reason}), and minidp touches only what it wrote; move them "
+                      "away, or choose another --out")
 
 
-def _who(record: dict[str, Any] | None) -> str:
-    """``pid P on host H at T``: the job that claimed a directory, from its run.json."""
-    claim = (record or {}).get(MARKER) or {}
-    return (f"pid {claim.get('pid', '?')} on host {claim.get('host', '?')} at "
-            f"{claim.get('time', '?')}")
+def _held(out: str, holder: dict, state: str) -> UsageError:
+    """The refusal of a directory whose job runs (or may run, unseen on another host)."""
+    if state == claim.ALIVE:
+        return UsageError(f"--out '{out}' is in use by a running job: {claim.describe(holder)}"
+                          ", from its run.json; one job writes a run directory at a time: wait "
+                          "for that job to end, or choose another --out")
+    return UsageError(f"--out '{out}' is held by {claim.describe(holder)}, which minidp cannot "
+                      f"see from host {claim.this_process()['host']}, and its claim was never "
+                      "released, so it may still run: if it has ended, run this on host "
+                      f"{holder['host']} (where minidp can tell), or choose another --out")
 
 
-def claim(path: str) -> None:
-    """Make ``path`` (created if missing) this job's: create its run.json exclusively.
+def _claim_anew(run: Directory, fresh: bool) -> str:
+    """Write a new run's claim as ``run.json``; returns the run's id."""
+    record = {MARKER: claim.new_claim()}
+    run_json.write_claim(run, record, fresh)
+    return record[MARKER]["run_id"]
 
-    The claim is written whole to a temporary name, then hard-linked as ``run.json``:
-    ``link`` fails when the name exists, as ``open(O_CREAT | O_EXCL)`` does, and the
-    other job never reads a run.json that is still empty.
+
+def _note_gone(out: str, holder: dict, state: str) -> None:
+    if state == claim.GONE:
+        print(f"note: --out '{out}' was held by {claim.describe(holder)}, which is no longer "
+              "running (it ended without releasing it: killed?); this job takes it over",
+              flush=True)
+
+
+def _decide_in(run: Directory, out: str, resume: str, overwrite: bool, base: str) -> Opened:
+    """The decision for the open directory ``run`` (``--out`` ``out``), its lock held."""
+    record, why = run_json.read(run)
+    if record is None:
+        names = owned.present(run)
+        if why is not None or names:
+            raise _not_ours(out, names, why)
+        if resume == "yes":
+            raise UsageError(f"--resume: '{out}' holds no run to continue")
+        return Opened(out, False, _claim_anew(run, fresh=True))
+    holder = record[MARKER]
+    state = claim.holder(holder)
+    if state in (claim.ALIVE, claim.UNKNOWN):
+        raise _held(out, holder, state)
+    run_id = holder["run_id"]
+    found = owned.survey(run, run_id)
+    if found.problems:
+        raise UsageError(f"--out '{out}': {'; '.join(found.problems)}; {LEAVE_IT}")
+    if resume != "no" and found.checkpoints:
+        _note_gone(out, holder, state)
+        record[MARKER] = claim.new_claim(run_id)  # the run goes on: its id stays
+        run_json.write_claim(run, record, fresh=False)
+        return Opened(out, True, run_id)
+    who = claim.describe(holder)
+    if resume == "yes":
+        raise UsageError(f"--resume: no complete checkpoint of the run in "
+                         f"'{os.path.join(out, owned.DIRECTORY)}'; allowed: the --out of a "
+                         "run with --checkpoint-every, or --resume auto to start when there is "
+                         "none")
+    if resume == "auto":
+        raise UsageError(f"--resume auto: '{out}' holds a run of minidp's ({who}: "
+                         f"{', '.join(found.names)}) with no complete checkpoint to continue; "
+                         "--resume auto never deletes: pass --overwrite (instead of --resume "
+                         "auto) to replace it, or choose another --out")
+    if not overwrite:
+        raise UsageError(f"--out '{out}' holds another run ({', '.join(found.names)}; {who});"
+                         " pass --resume to continue it, --overwrite to replace it, or no --out "
+                         f"for a new directory under {base}/")
+    kept = owned.removal_problems(found)
+    if kept:
+        raise UsageError(f"--overwrite: '{out}' cannot be cleared: {'; '.join(kept)}; minidp "
+                         "removes only what it wrote: move them away")
+    _note_gone(out, holder, state)
+    print(f"--overwrite: removing {', '.join(found.names)} from '{out}'", flush=True)
+    owned.clear(run, found, run_id)
+    return Opened(out, False, _claim_anew(run, fresh=False))
+
+
+def _open(out: str, resume: str, overwrite: bool, base: str) -> Opened:
+    """Open (or make) ``out`` and decide under its claim's lock."""
+    if resume == "yes" and not os.path.isdir(out):
+        raise UsageError(f"--resume: no complete checkpoint in "
+                         f"'{os.path.join(out, owned.DIRECTORY)}' ('{out}' is not a "
+                         "directory)")
+    with Directory.open(out, create=True) as run, claim.deciding(run):
+        return _decide_in(run, out, resume, overwrite, base)
+
+
+def latest_run(base: str) -> str:
+    """The run directory that ``base/latest`` names.
+
+    Only minidp's link (or an older minidp's directory of that name) is followed.
 
     Raises:
-        UsageError: another job created run.json first (the message names it).
+        UsageError: there is none, or it is anything else (named).
     """
-    os.makedirs(path, exist_ok=True)
-    target = os.path.join(path, "run.json")
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    record = {MARKER: {"pid": os.getpid(), "host": socket.gethostname(), "time": now}}
-    tmp = f"{target}.tmp-claim-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    latest = os.path.join(base, LATEST)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, target)
-    except FileExistsError:
-        raise UsageError(f"--out '{path}' was claimed by another job ({_who(read_run_json(path))}"
-                         ", from its run.json); wait for it to end, or choose another --out") \
-            from None
-    finally:
-        os.remove(tmp)
+        found = os.lstat(latest)
+    except FileNotFoundError:
+        raise UsageError(f"--resume: no --out given and '{latest}' does not exist; allowed: "
+                         "--out DIR of the run to continue") from None
+    if stat.S_ISDIR(found.st_mode):
+        return latest  # an older minidp's default --out: a run directory itself
+    target = os.readlink(latest) if stat.S_ISLNK(found.st_mode) else None
+    if target is None or not NUMBER.fullmatch(target):
+        what = f"a link to '{target}'" if target is not None else kind_of(found.st_mode)
+        raise UsageError(f"--resume: no --out given, and '{latest}' is {what}, not minidp's "
+                         f"link to a run directory beside it ({base}/NNNN); pass --out DIR of "
+                         "the run to continue")
+    return os.path.join(base, target)
 
 
-def _remove(target: str) -> None:
-    if os.path.isdir(target) and not os.path.islink(target):
-        shutil.rmtree(target)
-    else:
-        os.remove(target)
+def _decide(out: str | None, resume: str, overwrite: bool, base: str) -> Opened:
+    """Rank 0's choice of directory, claimed; raises UsageError when refused."""
+    if out is None and resume == "auto":
+        raise UsageError("--resume auto: needs --out DIR, the directory this job writes "
+                         f"whenever it runs ({base}/{LATEST} may be another job's run)")
+    if out is None and resume == "yes":
+        out = latest_run(base)
+    if out is not None:
+        return _open(out, resume, overwrite, base)
+    return _open(new_run_dir(base), "no", False, base)
 
 
-def clear_run(path: str) -> list[str]:
-    """Remove minidp's run files from ``path`` (nothing else); returns the names removed.
+def resumable(out: str | None, resume: str, base: str = "runs") -> str | None:
+    """The checkpoint a run of ``--out``/``--resume`` would continue, if there is one.
 
-    Inside ``checkpoints/`` and ``trace-parts/`` only minidp's entries go
-    (:data:`OWN_ENTRIES`); the directory itself goes once it is empty.
+    For the message of a run stopped before it started: never raises, never blocks.
     """
-    removed = run_files(path)
-    for name in removed:
-        target = os.path.join(path, name)
-        if name in OWN_ENTRIES and os.path.isdir(target) and not os.path.islink(target):
-            for entry in os.listdir(target):
-                if OWN_ENTRIES[name].fullmatch(entry):
-                    _remove(os.path.join(target, entry))
-            if not os.listdir(target):
-                os.rmdir(target)
-        else:
-            _remove(target)
-    for name in RUN_FILES + TRACE_FILES:  # interrupted atomic writes of those files
-        for tmp in glob.glob(os.path.join(glob.escape(path), f"{name}.tmp-*")):
-            os.remove(tmp)
-    return removed
+    if resume == "no" or (out is None and resume != "yes"):
+        return None
+    try:
+        path = out if out is not None else latest_run(base)
+    except (UsageError, OSError):
+        return None
+    record = run_json.read_run_json(path)
+    written = owned.written(path, record[MARKER]["run_id"]) if record else []
+    return written[-1] if written else None
+
+
+def open_run(out: str | None, resume: str, overwrite: bool, comm: Communicator,
+             base: str = "runs") -> Opened:
+    """Collectively choose (and claim) this run's directory (module doc).
+
+    Args:
+        out: ``--out``, or None for a new numbered directory under ``base``.
+        resume: ``"no"``, ``"yes"`` (``--resume``; without ``out``: ``base/latest``'s run)
+            or ``"auto"`` (resume if ``out`` has a checkpoint of its run, else start there).
+        overwrite: clear minidp's run from ``out`` before starting a new one there.
+        comm: every rank of the job; rank 0 decides and makes the directory.
+        base: where numbered directories go.
+
+    Raises:
+        UsageError: on every rank, when the directory is refused.
+    """
+    decision: Opened | str = ""
+    if comm.Get_rank() == 0:
+        try:
+            decision = _decide(out, resume, overwrite, base)
+        except UsageError as exc:
+            decision = str(exc)
+        except OSError as exc:
+            decision = unusable(out if out is not None else base, exc)
+    decision = guard.bcast_object(comm, decision, 0, "open run directory")
+    if isinstance(decision, str):
+        raise UsageError(decision)
+    return Opened(*decision)
 
 
 def new_run_dir(base: str = "runs") -> str:
     """Make ``base/NNNN``, one past the highest number there, and point ``base/latest`` at it."""
     os.makedirs(base, exist_ok=True)
-    numbers = [int(n) for n in os.listdir(base) if re.fullmatch(r"\d{4,}", n)]
+    numbers = [int(n) for n in os.listdir(base) if NUMBER.fullmatch(n)]
     number = max(numbers, default=0) + 1
     while True:
         name = f"{number:04d}"
@@ -171,183 +264,30 @@ def new_run_dir(base: str = "runs") -> str:
             break
         except FileExistsError:  # another job took it a moment ago
             number += 1
-    point_latest(base, name)
-    return os.path.join(base, name)
+    path = os.path.join(base, name)
+    if not point_latest(base, name):
+        latest = os.path.join(base, LATEST)
+        print(f"note: '{latest}' is not minidp's link (it is "
+              f"{kind_of(os.lstat(latest).st_mode)}); it is left as it is, this run writes to "
+              f"'{path}'", file=sys.stderr)
+    return path
 
 
 def point_latest(base: str, name: str) -> bool:
-    """Atomically make ``base/latest`` a link to ``name``; False if a real directory is there.
+    """Atomically make ``base/latest`` a link to ``name``.
 
-    A ``runs/latest`` directory of an older minidp (whose default ``--out`` it was) is
-    left alone: it holds a run.
+    Returns False (and does nothing) when the name holds anything but minidp's link
+    (module doc).
     """
     latest = os.path.join(base, LATEST)
-    if os.path.isdir(latest) and not os.path.islink(latest):
+    if os.path.lexists(latest) and not (os.path.islink(latest)
+                                        and NUMBER.fullmatch(os.readlink(latest))):
         return False
     tmp = os.path.join(base, f".{LATEST}-{os.getpid()}-{os.urandom(4).hex()}")
     os.symlink(name, tmp)
-    os.replace(tmp, latest)
-    return True
-
-
-def _not_ours(out: str, found: list[str]) -> UsageError:
-    return UsageError(f"--out '{out}' holds {', '.join(found)} but no run of minidp's (its "
-                      "run.json is missing or not minidp's), and minidp deletes only what it "
-                      "wrote; move them away, or choose another --out")
-
-
-def _decide(out: str | None, resume: str, overwrite: bool, base: str) -> tuple[str, bool]:
-    """Rank 0's choice of (directory, resuming), claimed; raises UsageError when refused."""
-    if out is None and resume == "auto":
-        raise UsageError("--resume auto: needs --out DIR, the directory this job writes "
-                         f"whenever it runs ({base}/{LATEST} may be another job's run)")
-    if out is None and resume == "yes":
-        latest = os.path.join(base, LATEST)
-        if not os.path.lexists(latest):
-            raise UsageError(f"--resume: no --out given and '{latest}' does not exist; "
-                             "allowed: --out DIR of the run to continue")
-        out = os.path.join(base, os.readlink(latest)) if os.path.islink(latest) else latest
-    if out is None:
-        path = new_run_dir(base)
-        if not os.path.islink(os.path.join(base, LATEST)):
-            print(f"note: '{base}/{LATEST}' is a directory (an older minidp's output), not a "
-                  f"link; it is left as it is, this run writes to '{path}'", file=sys.stderr)
-        claim(path)
-        return path, False
-    has_checkpoint = bool(checkpoint.complete(out))
-    if resume == "yes" and not has_checkpoint:
-        raise UsageError(f"--resume: no complete checkpoint in "
-                         f"'{os.path.join(out, 'checkpoints')}'; allowed: the --out of a run "
-                         "with --checkpoint-every, or --resume auto to start when there is none")
-    if resume != "no" and has_checkpoint:
-        return out, True
-    found, ours = run_files(out), read_run_json(out)
-    if found and ours is None:
-        raise _not_ours(out, found)
-    if found and resume == "auto":
-        raise UsageError(f"--resume auto: '{out}' holds a run of minidp's ({_who(ours)}: "
-                         f"{', '.join(found)}) with no complete checkpoint to continue; "
-                         "--resume auto never deletes: pass --overwrite (instead of --resume "
-                         "auto) to replace it, or choose another --out")
-    if found and not overwrite:
-        raise UsageError(f"--out '{out}' holds another run ({', '.join(found)}; {_who(ours)}); "
-                         "pass --resume to continue it, --overwrite to replace it, or no --out "
-                         f"for a new directory under {base}/")
-    if found:
-        print(f"--overwrite: removing {', '.join(found)} from '{out}'", flush=True)
-        clear_run(out)
-    claim(out)
-    return out, False
-
-
-def resumable(out: str | None, resume: str, base: str = "runs") -> str | None:
-    """The checkpoint a run of ``--out``/``--resume`` would continue, if there is one."""
-    if resume == "no" or (out is None and resume != "yes"):
-        return None
-    written = checkpoint.complete(out if out is not None else os.path.join(base, LATEST))
-    return written[-1] if written else None
-
-
-def open_run(out: str | None, resume: str, overwrite: bool, comm: Communicator,
-             base: str = "runs") -> tuple[str, bool]:
-    """Collectively choose (and claim) this run's directory; returns (path, whether to resume).
-
-    Args:
-        out: ``--out``, or None for a new numbered directory under ``base``.
-        resume: ``"no"``, ``"yes"`` (``--resume``; without ``out``: ``base/latest``'s run)
-            or ``"auto"`` (resume if ``out`` has a complete checkpoint, else start there).
-        overwrite: clear minidp's files from ``out`` (minidp's run only) before starting.
-        comm: every rank of the job; rank 0 decides and makes the directory.
-        base: where numbered directories go.
-
-    Raises:
-        UsageError: on every rank, when the directory is refused.
-    """
-    decision: tuple[str, bool] | str = ""
-    if comm.Get_rank() == 0:
-        try:
-            decision = _decide(out, resume, overwrite, base)
-        except UsageError as exc:
-            decision = str(exc)
-        except OSError as exc:
-            decision = f"--out: {exc}"
-    decision = guard.bcast_object(comm, decision, 0, "open run directory")
-    if isinstance(decision, str):
-        raise UsageError(decision)
-    return decision
-
-
-def git_commit(directory: str) -> str | None:
-    """HEAD of the git work tree that tracks the package in ``directory``, else None."""
     try:
-        tracked = subprocess.run(["git", "-C", directory, "ls-files", "--error-unmatch",
-                                  "__init__.py"], capture_output=True, timeout=10)
-        head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if tracked.returncode or head.returncode:
-        return None
-    return head.stdout.strip() or None
-
-
-def run_record(config: dict[str, Any], comm: Communicator, ranks_per_node: int) -> dict[str, Any]:
-    """What ``run.json`` says about this start (collective: every rank's host is gathered).
-
-    ``hosts`` is every rank's hostname; ``machines`` MPI's shared-memory nodes with their
-    hosts and ranks (one per host on a cluster); ``nodes`` says whether the run's nodes
-    are those (``"machines"``) or virtual nodes of ``--ranks-per-node`` (``"virtual"``).
-    """
-    hosts = guard.allgather_object(comm, socket.gethostname(), "run.json hosts")
-    record = {
-        "config": config,
-        "versions": versions(),
-        "git_commit": git_commit(os.path.dirname(os.path.abspath(minidp.__file__))),
-        "command": list(sys.argv),
-        "world_size": comm.Get_size(), "ranks_per_node": ranks_per_node, "hosts": hosts,
-        "machines": machines(comm),
-        "nodes": "machines" if config.get("ranks_per_node") is None else "virtual",
-        "mpi_library": mpi_library(),
-        "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    if os.environ.get("SLURM_JOB_ID"):
-        record["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
-    return record
-
-
-def write_run_json(path: str, config: dict[str, Any], comm: Communicator, ranks_per_node: int,
-                   resumed_from: int | None = None) -> None:
-    """Collectively record this start in ``path/run.json`` (rank 0 writes, atomically).
-
-    The claim (:data:`MARKER`) of the file there is kept (this process's when there is
-    none), so the directory stays minidp's run.
-
-    Args:
-        path: the run directory.
-        config: the resolved configuration (``dataclasses.asdict``).
-        comm: every rank of the job.
-        ranks_per_node: ranks of one node, as the topology sees them.
-        resumed_from: the checkpoint's epoch when resuming: the record is appended to the
-            ``resumed`` list of the existing run.json (kept whole), with ``from_epoch``
-            and ``changed``: each setting whose value differs from the previous start's,
-            as ``[before, now]`` (a new ``--lr`` after a divergence, more ``--epochs``).
-    """
-    record = run_record(config, comm, ranks_per_node)
-    if comm.Get_rank():
-        return
-    target = os.path.join(path, "run.json")
-    found = _json_object(target) or {}
-    claimed = found.get(MARKER) if isinstance(found.get(MARKER), dict) else {
-        "pid": os.getpid(), "host": socket.gethostname(), "time": record["start_time"]}
-    if resumed_from is not None:
-        record["from_epoch"] = resumed_from
-        if not isinstance(found.get("config"), dict):  # missing or unreadable: starts anew
-            found = dict(record, resumed=[])
-        runs = found.get("resumed") if isinstance(found.get("resumed"), list) else []
-        previous = (runs or [found])[-1].get("config") or {}
-        record["changed"] = {k: [previous.get(k), v] for k, v in config.items()
-                             if k not in ("resume", "overwrite") and previous.get(k) != v}
-        found["resumed"] = runs + [record]
-        record = found
-    record[MARKER] = claimed
-    atomic_write(target, lambda f: json.dump(record, f, indent=1))
+        os.replace(tmp, latest)
+    except OSError:  # replaced by a directory meanwhile: it stays
+        os.remove(tmp)
+        return False
+    return True

@@ -47,12 +47,12 @@ from minidp.comm import (
     world_max,
 )
 from minidp.comm.network import COUNTED
-from minidp.io.training_data import open_training_data
+from minidp.io.training_data import Batches, open_training_data
 from minidp.optim import LRScheduler
-from minidp.run import faults, rundir
+from minidp.run import faults, run_json, rundir
 from minidp.run import state as train_state
 from minidp.run.config import TrainConfig
-from minidp.run.console import Explainer, Progress, explain_steps
+from minidp.run.console import Explainer, Progress, explain_steps, first_line
 from minidp.run.files import RunFiles
 from minidp.run.flags import given_settings
 from minidp.run.replica import replica_for
@@ -137,30 +137,39 @@ class Trainer:
         """
         c, world = self.config, self.topology.world
         self.stop.install()
+        opened = None
         try:
-            # A signal during start-up stops every rank here, before anything is claimed.
-            self.stop.before_training(lambda: rundir.resumable(c.out, c.resume))
-            c.out, resuming = rundir.open_run(c.out, c.resume, c.overwrite, world)
-            self.files = RunFiles(c.out, self.rank, world)
-            start = 0
-            if resuming:
-                start, self.record = train_state.restore(
-                    c.out, self.topology, dataclasses.asdict(c), self.parts, self.batches,
-                    self.data.identity)
-            self.files.agreed(rundir.write_run_json, c.out, dataclasses.asdict(c), world,
-                              self.topology.local_size, start if resuming else None)
-            if self.rank == 0:
-                partial = self.record.partial
-                after = f"epoch {start}" + (f", batch {partial['batch']}" if partial else "")
-                print(f"out: {c.out}" + (f" (resuming after {after})" if resuming else ""),
-                      flush=True)
-            self.files.start_metrics(self.record.history)
-            self._epochs(start)
-        finally:
-            self.stop.uninstall()  # never collective here: a failing rank must not wait
-            self.compute.close()
-        self.stop.close()
-        return self._finish()
+            try:
+                # A signal during start-up stops every rank here, before anything is claimed.
+                self.stop.before_training(lambda: rundir.resumable(c.out, c.resume))
+                opened = rundir.open_run(c.out, c.resume, c.overwrite, world)
+                c.out, self.run_id = opened.path, opened.run_id
+                self.files = RunFiles(c.out, self.rank, world, self.run_id)
+                start = self._start(opened.resuming)
+                self._epochs(start)
+            finally:
+                self.stop.uninstall()  # never collective here: a failing rank must not wait
+                self.compute.close()
+            self.stop.close()
+            return self._finish()
+        finally:  # whatever the outcome, the directory is free for the next job
+            if opened is not None and self.rank == 0:
+                run_json.release(opened.path, opened.run_id)
+
+    def _start(self, resuming: bool) -> int:
+        """Restore the checkpoint when resuming, record the start; returns the first epoch."""
+        c, world = self.config, self.topology.world
+        start = 0
+        if resuming:
+            start, self.record = train_state.restore(
+                c.out, self.run_id, self.topology, dataclasses.asdict(c), self.parts,
+                self.batches, self.data.identity)
+        self.files.agreed(run_json.write_run_json, c.out, self.run_id, dataclasses.asdict(c),
+                          world, self.topology.local_size, start if resuming else None)
+        if self.rank == 0:
+            print(first_line(c.out, resuming, start, self.record.partial), flush=True)
+        self.files.start_metrics(self.record.history)
+        return start
 
     def _epochs(self, start: int) -> None:
         c = self.config
@@ -175,7 +184,7 @@ class Trainer:
                 self.progress.epoch_done(metrics)
             done = epoch + 1
             train_state.check_finite(self.model, self.topology, done, metrics["test_loss"],
-                                     c.out, c.lr)
+                                     c.out, self.run_id, c.lr)
             signalled = signal and done < c.epochs
             stop = bool(c.stop_after) and done - start >= c.stop_after and done < c.epochs
             if signalled or c.checkpoint_every and (done % c.checkpoint_every == 0
@@ -190,7 +199,7 @@ class Trainer:
 
     def _save(self, epoch: int) -> str:
         """The checkpoint after ``epoch`` epochs (and the record's partial batches)."""
-        return train_state.save(self.config.out, epoch, self.topology,
+        return train_state.save(self.config.out, self.run_id, epoch, self.topology,
                                 dataclasses.asdict(self.config), self.parts, self.record,
                                 self.data.identity,
                                 after_write=lambda: self.injector.in_save(epoch))
@@ -203,11 +212,13 @@ class Trainer:
         """
         tr, started = self.tracer, time.perf_counter()
         tr.reset()
+        with tr.phase("data"):  # the workers read; every rank checks the files (io/training_data)
+            batches = self.data.batches(epoch, self.batch_size, self.dtype, self.config.strategy)
         self.strategy.begin_epoch(epoch, self.batches)
         self.compute.model.train()
         self.compute.buffers_to_device()
         if self.is_worker:
-            done = self._work(epoch)
+            done = self._work(epoch, batches)
             self.compute.buffers_to_host()
             if done is None:  # the run's totals go on from here when it resumes
                 self._add_totals(time.perf_counter() - started)
@@ -248,15 +259,13 @@ class Trainer:
             totals[key] = totals.get(key, 0) + self.tracer.counters.get(key, 0)
         totals["elapsed_s"] += seconds
 
-    def _work(self, epoch: int) -> tuple[float, int, int] | None:
+    def _work(self, epoch: int, batches: Batches) -> tuple[float, int, int] | None:
         """A worker's epoch: batches of the sizes the strategy gives, until it says stop.
 
         Returns (loss sum, steps, samples), or None when every rank agreed to stop
         between batches on a signal (``self.record.partial`` then says where).
         """
         tr, record = self.tracer, self.record
-        with tr.phase("data"):
-            batches = self.data.batches(epoch, self.batch_size, self.dtype, self.config.strategy)
         loss_sum, steps, samples = 0.0, 0, 0
         if record.partial:  # resumed between batches: this epoch's first batches are done
             loss_sum, steps, samples = (record.partial[k] for k in ("loss_sum", "steps",
@@ -383,8 +392,11 @@ class Trainer:
         value = loss.item()
         if not np.isfinite(value):
             raise FloatingPointError(f"rank {self.rank}: training loss is {value} at epoch "
-                                     f"{epoch + 1}, step {batch}; lower --lr")
+                                     f"{epoch + 1}, step {batch}; {self._how_to_continue()}")
         return value
+
+    def _how_to_continue(self) -> str:
+        return train_state.how_to_continue(self.config.out, self.run_id, self.config.lr)
 
     def _check_gradient(self, epoch: int, batch: int) -> None:
         """Stop at a non-finite gradient, before the strategy sends or applies it.
@@ -400,9 +412,7 @@ class Trainer:
             raise FloatingPointError(
                 f"rank {self.rank}: the gradient of parameter {name!r} is not finite at step "
                 f"{self.record.totals['steps']} of the run (epoch {epoch + 1}, batch "
-                f"{batch + 1}); it was neither sent nor applied, so the last checkpoint holds "
-                "the last good state: resume from it, with a lower --lr if the gradients "
-                "diverged")
+                f"{batch + 1}); it was neither sent nor applied; {self._how_to_continue()}")
 
 
 def train(config: TrainConfig) -> dict[str, Any]:

@@ -14,6 +14,11 @@ plateaus change it; :mod:`minidp.simulate.predict`). ``--validate`` runs the sam
 configuration for real on this machine and prints predicted against measured
 (:mod:`minidp.simulate.validate`).
 docs/simulate.md gives the method and the formulas.
+
+Exit status: 0 done; 2 a bad flag or ``MINIDP_*`` variable (one line; the flags that
+``train`` has too are checked by train's own code, so nothing is predicted that train
+would refuse); 1 a ``--validate`` run failed (one line: its status, its last line, the
+run).
 """
 
 from __future__ import annotations
@@ -144,19 +149,27 @@ def run(args: argparse.Namespace) -> int:
         for series in results.values():
             print(scaling(series))
     if args.validate:
-        from minidp.simulate.validate import compare, comparison_table
+        from minidp.simulate.validate import JobFailed, compare, comparison_table
 
         print()
-        print(comparison_table(compare(args, s)), flush=True)
+        try:
+            print(comparison_table(compare(args, s)), flush=True)
+        except JobFailed as failed:  # one line: which run, its status and its last line
+            print(f"error: {failed}", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m minidp.simulate``: the subcommand on its own."""
+    from minidp.run import environment
+
     parser = add_arguments(argparse.ArgumentParser(prog="python -m minidp simulate",
                                                    description=__doc__.splitlines()[0]))
+    args = parser.parse_args(argv)
     try:
-        return run(parser.parse_args(argv))
+        environment.check()
+        return run(args)
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

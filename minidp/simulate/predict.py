@@ -63,8 +63,9 @@ def parse_nodes(text: str) -> list[int]:
 
 
 def parse_strategies(text: str, sets: list[str]) -> dict[str, dict]:
-    """{strategy: its checked options} from --strategy and --set."""
-    from minidp.strategies import names, strategy_class
+    """{strategy: its checked options} from --strategy and --set (train's own checks)."""
+    from minidp.run.config import strategy_options
+    from minidp.strategies import names
 
     chosen = [name.strip() for name in text.split(",") if name.strip()]
     if not chosen:
@@ -83,11 +84,19 @@ def parse_strategies(text: str, sets: list[str]) -> dict[str, dict]:
             raise ValueError(f"--set: got {item!r}, allowed: STRATEGY.OPTION=VALUE with "
                              f"STRATEGY one of --strategy ({', '.join(chosen)})")
         given[owner][option] = value.strip()
-    return {name: strategy_class(name).parse_options(given[name]) for name in chosen}
+    return {name: strategy_options(name, given[name]) for name in chosen}
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Raise ValueError naming the first bad flag."""
+    """Raise ValueError naming the first bad flag.
+
+    The flags ``train`` has too are checked by train's own code (the network model's
+    bounds: :func:`minidp.run.config.check_network`; the options:
+    :func:`parse_strategies`), so that ``simulate`` never predicts a setting that ``train``
+    would refuse.
+    """
+    from minidp.run.config import check_network
+
     for name in ("ranks_per_node", "batch_size", "measure_steps", "epochs", "repeats"):
         _check(name.replace("_", "-"), getattr(args, name), getattr(args, name) >= 1,
                "an int >= 1")
@@ -96,10 +105,9 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         _check(name.replace("_", "-"), value, value is None or 0 < value < float("inf"),
                "a finite number > 0")
-    for name in ("net_latency_us", "net_bandwidth_gbps", "sync_us"):
-        value = getattr(args, name)
-        _check(name.replace("_", "-"), value, value is None or 0 <= value < float("inf"),
-               "a finite number >= 0")
+    check_network(args.net_latency_us, args.net_bandwidth_gbps)
+    _check("sync-us", args.sync_us, args.sync_us is None or 0 <= args.sync_us < float("inf"),
+           "a finite number >= 0")
 
 
 def predict(cluster: Cluster, strategies: dict[str, dict], samples: int, batch: int,

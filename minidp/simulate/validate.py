@@ -36,12 +36,17 @@ import numpy as np
 
 from minidp.comm import mpi_library
 from minidp.reporting.launcher import mpiexec, run_job
+from minidp.run import environment
+from minidp.run.flags import check_command_line
 from minidp.simulate.costs import Epoch
 from minidp.simulate.measure import build_model, measure_step, node_cores
 from minidp.simulate.predict import Setup, parse_strategies, table
 
 TIMEOUT_S = 600
-MPIEXEC_ARGS_ENV = "MINIDP_MPIEXEC_ARGS"
+
+
+class JobFailed(RuntimeError):
+    """A validation run failed; the message is one line: the run, its status, its last line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +114,23 @@ def binding(cores: list[list[int]], ranks_per_node: int, library: str) -> list[s
 
 def placement(args: argparse.Namespace) -> list[str]:
     """The extra mpiexec arguments of ``--mpiexec-args``, else ``$MINIDP_MPIEXEC_ARGS``."""
-    text = args.mpiexec_args
-    return shlex.split(os.environ.get(MPIEXEC_ARGS_ENV, "") if text is None else text)
+    if args.mpiexec_args is None:
+        return environment.mpiexec_args()
+    try:
+        return shlex.split(args.mpiexec_args)
+    except ValueError as exc:
+        raise ValueError(f"--mpiexec-args: got {args.mpiexec_args!r}, allowed: mpiexec "
+                         f"arguments as a shell splits them ({str(exc).lower()})") from None
+
+
+def check_train_flags(args: argparse.Namespace, strategies: list[str]) -> None:
+    """Each run's flags checked by train's own code before any run starts (ValueError)."""
+    for name in strategies:
+        try:
+            check_command_line(train_flags(args, name))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"--validate: the {name} run would be refused by train: {exc}") \
+                from None
 
 
 def check_nodes(out: str, nodes: int, ranks_per_node: int) -> str:
@@ -121,12 +141,12 @@ def check_nodes(out: str, nodes: int, ranks_per_node: int) -> str:
     if len(machines) != nodes or any(len(m["ranks"]) != ranks_per_node for m in machines):
         raise ValueError(f"--real-nodes: the run's nodes were {found}; allowed: {nodes} "
                          f"nodes of {ranks_per_node} ranks, as simulated (place them with "
-                         f"--mpiexec-args or ${MPIEXEC_ARGS_ENV})")
+                         f"--mpiexec-args or ${environment.MPIEXEC_ARGS})")
     return found
 
 
 def launch(ranks: int, flags: list[str], out: str, place: list[str]) -> list[dict]:
-    """Run one training job; its metrics.jsonl rows. Raises RuntimeError if it fails.
+    """Run one training job; its metrics.jsonl rows. Raises :class:`JobFailed` if it fails.
 
     ``place``: the mpiexec arguments before ``-n`` (a placement, a binding).
     """
@@ -136,9 +156,9 @@ def launch(ranks: int, flags: list[str], out: str, place: list[str]) -> list[dic
     env.setdefault("MPIEXEC_TIMEOUT", str(TIMEOUT_S - 30))
     status, output = run_job(cmd, TIMEOUT_S, env)
     if status != 0:
-        tail = "\n".join(output.strip().splitlines()[-5:])
-        raise RuntimeError(f"--validate: the run {shlex.join(cmd)} failed (exit "
-                           f"{status}):\n{tail}")
+        last = (output.strip().splitlines() or ["(no output)"])[-1]
+        raise JobFailed(f"simulate --validate: a run failed (exit {status}), its last line: "
+                        f"{last.strip()} -- the run: {shlex.join(cmd)}")
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 
@@ -157,6 +177,7 @@ def _phase_epochs(epoch: Epoch, total: int, options: dict) -> list[int]:
 
 def compare(args: argparse.Namespace, setup: Setup) -> list[Comparison]:
     """Run each strategy ``--repeats`` times here; compare with its prediction per phase."""
+    check_train_flags(args, list(setup.strategies))
     ranks = setup.nodes[0] * args.ranks_per_node
     bind = [] if args.real_nodes else binding(node_cores(setup.nodes[0], args.cores_per_node),
                                               args.ranks_per_node, mpi_library())

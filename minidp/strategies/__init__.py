@@ -1,32 +1,36 @@
-"""Distributed training strategies, one file per algorithm family, chosen by name.
+"""Distributed training strategies, one file per strategy id, chosen by name.
 
 ``get(name, model, optimizer, topology, allreduce=..., **options)`` builds one;
 ``names()`` lists the ids available; ``STRATEGIES[name].options`` declares each one's
 options (``--set name.option=value``).
+
+Each id's class is in the file of its name (``easgd-async``: ``easgd_async.py``); a
+family's common part in its base file: ``base.py`` (every strategy), ``ps_base.py`` (the
+parameter servers: asgd, amsgd, softsync, dbs), ``easgd_base.py`` (the elastic family).
+DASO is ``daso.py`` (the step, Heat's phases), ``daso_replica.py`` (the identical
+node's one replica, an optimisation with the same bits) and ``daso_schedule.py``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from minidp.strategies.asgd import AsyncMomentumSGD, AsyncSGD
+from minidp.strategies.amsgd import AsyncMomentumSGD
+from minidp.strategies.asgd import AsyncSGD
 from minidp.strategies.base import Option, Strategy
 from minidp.strategies.daso import DASO
 from minidp.strategies.daso_schedule import DASOSchedule
 from minidp.strategies.dbs import DynamicBatchSGD
-from minidp.strategies.easgd import (
-    ElasticAsync,
-    ElasticAveraging,
-    ElasticHogwild,
-    ElasticRoundRobin,
-    ElasticServer,
-)
+from minidp.strategies.easgd_async import ElasticAsync
+from minidp.strategies.easgd_base import ElasticAveraging, ElasticServer
+from minidp.strategies.easgd_hogwild import ElasticHogwild
+from minidp.strategies.easgd_rr import ElasticRoundRobin
 from minidp.strategies.easgd_sync import ElasticSync
 from minidp.strategies.hbsgd import HierarchicalBulkSGD
 from minidp.strategies.hogwild import HogwildSGD
 from minidp.strategies.hsgd import HierarchicalSGD
-from minidp.strategies.measgd import MomentumElasticAsync
-from minidp.strategies.ps import ParameterServer
+from minidp.strategies.measgd_async import MomentumElasticAsync
+from minidp.strategies.ps_base import ParameterServer
 from minidp.strategies.softsync import SoftSyncSGD
 from minidp.strategies.sync import SyncSGD
 

@@ -35,14 +35,15 @@ from minidp.comm import (
     ALLREDUCE_ALGORITHMS,
     NodeBuffer,
     Topology,
-    allreduce,
     broadcast,
     guard,
     shared_buffer,
+    world_mean,
 )
 from minidp.layers import Module
 from minidp.optim.optimizer import Optimizer
 from minidp.optim.schedules import Schedule
+from minidp.optim.sgd import SGD
 from minidp.strategies.events import EventLog, write_events
 from minidp.trace import tracer
 
@@ -93,7 +94,9 @@ class Strategy(abc.ABC):
         model: the replica on this rank (parameters in one flat buffer).
         optimizer: the local optimizer that applies updates to ``model``.
         topology: nodes, rails and communicators.
-        allreduce: algorithm for whole-world reductions (``ALLREDUCE_ALGORITHMS``).
+        allreduce: the algorithm of ``sync``'s gradient allreduce (``ALLREDUCE_ALGORITHMS``;
+            default ``mpi``, MPI's own, as ``--allreduce``). ``comm.allreduce`` called
+            without one runs ``hierarchical``; the other strategies name their levels.
         **options: the strategy's own options (see its ``options``).
     """
 
@@ -112,6 +115,10 @@ class Strategy(abc.ABC):
     ignored_hint: ClassVar[str] = ""  # where the ignored flags do something, if anywhere
     # What this rank did, for the replay (asynchronous strategies set it; None: nothing).
     events: EventLog | None = None
+    # Why --optimizer must be sgd, where the strategy steps a part of the parameters, or
+    # another array, or without momentum (SGD.update; LARS has no such form).
+    # Empty: any optimizer.
+    sgd_only: ClassVar[str] = ""
 
     def __init__(self, model: Module, optimizer: Optimizer, topology: Topology,
                  allreduce: str = "mpi", **options: Any) -> None:
@@ -125,6 +132,10 @@ class Strategy(abc.ABC):
         if optimizer.flat is not self.flat:
             raise ValueError(f"rank {topology.rank}: the optimizer must be built on "
                              "model.parameters() of this model")
+        if self.sgd_only and not isinstance(optimizer, SGD):
+            raise ValueError(f"rank {topology.rank}: --optimizer: got "
+                             f"{type(optimizer).__name__}, allowed with {self.name}: sgd "
+                             f"({self.sgd_only})")
         needed = self.servers_needed(self.config)
         if topology.num_servers != needed:
             raise ValueError(f"rank {topology.rank}: strategy {self.name!r} needs {needed} "
@@ -277,7 +288,7 @@ class Strategy(abc.ABC):
 
     def average_parameters(self) -> None:
         """Parameters <- their mean over every rank (hierarchical: node slices, then rails)."""
-        allreduce(self.flat.data, self.topology, "hierarchical", op="mean")
+        world_mean(self.flat.data, self.topology, "hierarchical")
 
     def check_finite(self, values: np.ndarray | None = None) -> None:
         """Raise (naming rank and epoch) if the parameters are not all finite.

@@ -5,7 +5,9 @@ by batch: node-local blocking gradient averaging, a global non-blocking paramete
 average started every B batches, merged S batches later with a staleness weight, and a
 schedule that stretches the interval between global syncs when the loss plateaus.
 What is decided when lives in :mod:`minidp.strategies.daso_schedule`; this file carries
-it out. Deviations are listed in docs/daso.md.
+it out, :meth:`DASO.step` phase by phase. While a node's ranks are identical they keep
+one copy of the model per node instead of one per rank, an optimisation with the same
+bits: :mod:`minidp.strategies.daso_replica`. Deviations are listed in docs/daso.md.
 """
 
 from __future__ import annotations
@@ -18,26 +20,19 @@ import numpy as np
 
 from minidp.comm import (
     SharedArray,
-    node_allreduce,
     node_broadcast,
-    rail_allreduce,
-    rail_iallreduce,
+    node_mean,
+    rail_sum,
+    rail_sum_start,
 )
 from minidp.comm.allreducers import AllreduceRequest, chunk_bounds
-from minidp.comm.levels import node_slice_mean
-from minidp.comm.network import charged
 from minidp.comm.wire import KINDS, HalfSum, decode, encode, round_to
 from minidp.kernels import weighted_merge
 from minidp.optim.schedules import Schedule
 from minidp.optim.sgd import SGD
 from minidp.strategies.base import Option, Strategy
-from minidp.strategies.daso_schedule import (
-    BatchPlan,
-    BatchSchedule,
-    DASOSchedule,
-    Merge,
-    Send,
-)
+from minidp.strategies.daso_replica import NodeReplica
+from minidp.strategies.daso_schedule import BatchSchedule, DASOSchedule, Merge, Send
 from minidp.trace import tracer
 
 SYNCS = ("all", "rail")
@@ -48,29 +43,29 @@ class DASO(Strategy):
 
     Per batch b, the :class:`BatchPlan` of :class:`BatchSchedule` says what happens,
     in this order (P nodes, G ranks per node, rail k = local rank k on every node; the
-    plan names rail k, the k-th send of the epoch, as Heat does)::
+    plan names rail k, the k-th send of the epoch, as Heat does), in :meth:`step`::
 
-        0. node sync (if on): node allreduce(grad, mean) in shared memory; then the
-           local update
+        0. node sync (if on): node_mean(grad) in shared memory; then the local update
         1. send: rail k's parameters x_k go into row 0 of a node window (one of two),
-           16-bit words while B < 1 with a down-cast; the sum over the P nodes starts:
-             global_sync=all:  local rank j carries slice j (1/G of x) on rail j,
-                               rail_j.Iallreduce(sum): all G rails at once
+           16-bit words while B < 1 with a down-cast; the sum over the P nodes starts
+           (rail_sum_start; a blocking send, S == 0 or the epoch's last batch: rail_sum):
+             global_sync=all:  local rank j carries slice j (1/G of x) on rail j:
+                               all G rails at once
              global_sync=rail: local rank k carries all of x on rail k (Heat)
-           A blocking send (S == 0, every epoch's last batch) is waited for at once.
-        2. merge, S batches later: wait; x_k = (w x_k + sum) / (w + P), w = 2 x the
-           send's wait (1 if not positive), sum: the nodes' parameters at send time
-        3. node.Bcast(x, root = that rail): the node is equal again
+        2. merge, S batches later: wait; x_k = (w x_k + sum) / (w + P), w = 2 S (twice
+           the send's wait; 1 if not positive), sum: the nodes' parameters at send time
+        3. node_broadcast(x, root = that rail): the node is equal again
         4. blocking send: x = sum / P (rounded to 16 bits again with a down-cast)
 
     ``all`` puts each node's whole network link to work instead of one rail's, and
     computes exactly what ``rail`` does: the sum is taken over the same P numbers per
-    element. It needs rail k's x on every rank: while the node's ranks hold the same
+    element. It needs rail k's x on every rank: local rank k first publishes x_k in the
+    window (one shared-memory sync), merges on rank k and broadcasts, and every rank
+    divides the blocking sum into its own x. While the node's ranks hold the same
     parameters and optimizer state (from the start until a batch without node sync),
-    they keep one replica in node windows and rank j steps, sends, merges and averages
-    slice j of it (:meth:`_replica_step`: no broadcast, no copy); afterwards local rank
-    k first publishes x_k in the window (one shared-memory sync), merges on rank k and
-    broadcasts, and every rank divides the blocking sum into its own x.
+    they keep one replica in node windows instead and rank j carries out the same
+    phases on slice j of it (:class:`~minidp.strategies.daso_replica.NodeReplica`: no
+    broadcast, no copy, the same bits).
 
     Ranks wait at node reductions and broadcasts, at blocking sends, and at a merge only
     for what the network has not finished since the send. Every action is recorded in
@@ -126,17 +121,13 @@ class DASO(Strategy):
         kind = self.config["downcast"]
         self.half = HalfSum(kind) if kind != "none" and t.num_nodes > 1 else None
         self.words = np.empty(n, np.uint16) if self.half else None
-        # While the node is identical, its ranks keep one replica in two node windows
-        # (parameters, momentum; row 0 of each) and each updates its 1/G (_replica_step).
-        self.replica: tuple[SharedArray, SharedArray] | None = None
-        if self.all_rails and t.num_nodes > 1 and t.local_size > 1 and \
-                isinstance(self.optimizer, SGD) and self.optimizer.flat is not None:
-            self.replica = (SharedArray(t.node, n, self.flat.data.dtype),
-                            SharedArray(t.node, n, self.optimizer.state.dtype))
-        self.private = (self.flat.data, self.optimizer.state)
         # Every rank of the node holds the same parameters and optimizer state: true until
         # a batch updates without the node sync (then the momenta differ for good).
         self.node_identical = True
+        # While it is, the node's ranks keep one replica and each updates its 1/G.
+        self.replica = NodeReplica(self) if self.all_rails and t.num_nodes > 1 and \
+            t.local_size > 1 and isinstance(self.optimizer, SGD) and \
+            self.optimizer.flat is not None else None
         self.schedule = DASOSchedule(total_epochs=1, **self._schedule_options())
         self.batch_schedule = BatchSchedule(t.local_size, self.config["staleness_weight"])
         # This rank's started syncs, oldest first (only on ranks that carry a part);
@@ -173,126 +164,40 @@ class DASO(Strategy):
         self.batch_schedule.begin_epoch(self.schedule.values, batches)
 
     def step(self, batch: int) -> None:
-        """Node sync and local update, then the batch's global send, merge and broadcasts."""
+        """One batch of Heat's DASO: the plan's phases 0-4 (the class docstring)."""
         self.steps += 1
-        if self.topology.num_nodes == 1:
-            node_allreduce(self.grad_buffer, self.topology, op="mean")
+        if self.topology.num_nodes == 1:  # nobody to average with: synchronous SGD
+            node_mean(self.grad_buffer, self.topology)
             self.optimizer_step()
             return
         plan = self.batch_schedule.plan(batch)
         if plan.node_sync:
-            self._record(batch, "node sync")
+            self.record(batch, "node sync")
         else:
-            self.node_identical = False
-        if self.replica is not None and self.node_identical and not self.shares_replica:
-            self._share()
-        elif self.replica is not None and not self.node_identical and self.shares_replica:
-            self._unshare()
-        if self.shares_replica:
-            self._replica_step(batch, plan)
+            self.node_identical = False  # the node's momenta part, for good
+        if self.replica is not None and self.replica.engage(self.node_identical):
+            self.replica.step(batch, plan)  # the same phases, slice j of one node copy
         else:
             if plan.node_sync:
-                node_allreduce(self.grad_buffer, self.topology, op="mean")
-            self.optimizer_step()
+                node_mean(self.grad_buffer, self.topology)  # 0. node sync
+            self.optimizer_step()  # the local update
             if plan.send:
-                self._send(batch, plan.send)
+                self.send(batch, plan.send)  # 1.
             if plan.merge:
-                self._merge(batch, plan.merge)
+                self.merge(batch, plan.merge)  # 2.
             if plan.broadcast is not None:
-                self._broadcast(batch, plan.broadcast)
+                self.broadcast(batch, plan.broadcast)  # 3.
             if plan.send and plan.send.blocking:
-                self._average(batch, plan.send)
+                self.average(batch, plan.send)  # 4.
         if plan.rails_reset:
-            self._record(batch, "rails reset")
+            self.record(batch, "rails reset")
 
-    @property
-    def shares_replica(self) -> bool:
-        """Whether the model's parameters are now the node's one replica."""
-        return self.flat.data is not self.private[0]
+    # -- the phases -----------------------------------------------------------------------
 
-    def _share(self) -> None:
-        """Make the node's one replica the model's: local rank 0's values, one sync."""
-        x, momentum = (shared.whole[0] for shared in self.replica)
-        if self.topology.local_rank == 0:
-            x[...] = self.flat.data
-            momentum[...] = self.optimizer.state
-        self.replica[0].sync(self.replica[1])
-        self.flat.rebind_data(x)
-        self.optimizer.rebind_state(momentum)
-
-    def _unshare(self) -> None:
-        """Back to a replica per rank (the momenta are about to differ): copies, no sync.
-
-        The last replica step ended in a sync, after which no rank writes the windows.
-        """
-        x, momentum = self.private
-        x[...] = self.flat.data
-        momentum[...] = self.optimizer.state
-        self.flat.rebind_data(x)
-        self.optimizer.rebind_state(momentum)
-
-    def _replica_step(self, batch: int, plan: BatchPlan) -> None:
-        """A node-synced batch of the node's one replica: each rank carries its slice j.
-
-        Local rank j averages slice j of the gradients (``node_slice_mean``: one sync),
-        steps slice j of the parameters and momentum, sends slice j on rail j (a
-        blocking send's step goes straight into the window), merges and averages slice
-        j from its own rail's sum (no window sync: nobody reads another rank's part),
-        and one sync at the end shows every rank the whole x before its next forward;
-        it is also the sync ``node_slice_mean`` asks for before the gradients are
-        written again. Bit for bit what every rank computes on its own replica in the
-        full path: the same operations on each element.
-        """
-        part, mean = node_slice_mean(self.grad_buffer, self.topology)
-        x, send, sent = self.flat.data[part], plan.send, None
-        if send:
-            self._record(batch, "send", rail=send.rail, wait=send.wait, cast=send.cast)
-            self.windows.reverse()  # the other window may hold the sync still in flight
-            sent = self.windows[0].whole[0, part]
-        with tracer().phase("optimizer"):
-            self.optimizer.step_part(part, mean, out=sent if send and send.blocking else None)
-        if send and send.blocking:
-            if send.cast and self.half:
-                self._cast_sum(sent)
-            else:
-                rail_allreduce(sent, self.topology, op="sum")
-            self.in_flight.append((None, self.windows[0]))
-        elif send:
-            sent[...] = x
-            self.in_flight.append((rail_iallreduce(sent, self.topology), self.windows[0]))
-        if plan.merge:
-            self._record(batch, "merge", rail=plan.merge.rail, weight=plan.merge.weight)
-            request, window = self.in_flight.popleft()
-            if request is not None:
-                request.wait()
-            weighted_merge(x, window.whole[0, part], plan.merge.weight,
-                           self.topology.num_nodes)
-        if plan.broadcast is not None:  # one replica: there is nothing to broadcast
-            self._record(batch, "broadcast", root=plan.broadcast)
-        if send and send.blocking:
-            self._record(batch, "average", rail=send.rail)
-            self._mean(self.in_flight.popleft()[1].whole[0, part], send, out=x)
-            self._record(batch, "broadcast", root=send.rail)  # Heat's, needless here
-            self.check_finite(x)
-        with charged("intra", "replica_sync", 0, 0):  # the momentum's too: _unshare reads it
-            self.replica[0].sync(self.replica[1])
-
-    def _record(self, batch: int, action: str, **numbers: Any) -> None:
-        tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers)
-
-    def _carries(self, rail: int) -> bool:
-        """Whether this rank carries part of a sync sent on ``rail``."""
-        return self.all_rails or self.topology.local_rank == rail
-
-    def _owns_result(self, rail: int) -> bool:
-        """Whether this rank computes rail ``rail``'s merge (the others get a broadcast)."""
-        return self.topology.local_rank == rail or (self.all_rails and self.node_identical)
-
-    def _send(self, batch: int, send: Send) -> None:
-        """Start the sum over the nodes of rail ``send.rail``'s parameters."""
-        self._record(batch, "send", rail=send.rail, wait=send.wait, cast=send.cast)
-        self.windows.reverse()  # the other window may hold the sync still in flight
-        window = self.windows[0]
+    def send(self, batch: int, send: Send) -> None:
+        """1. Start the sum over the nodes of rail ``send.rail``'s parameters."""
+        self.record(batch, "send", rail=send.rail, wait=send.wait, cast=send.cast)
+        window = self.next_window()
         sent, part, x = window.whole[0], self.slice, self.flat.data
         if self.all_rails and not self.node_identical:
             if self.topology.local_rank == send.rail:
@@ -300,17 +205,93 @@ class DASO(Strategy):
             window.sync()  # now every rank sends its slice of rail k's x
         elif self._carries(send.rail):
             sent[part] = x[part]
-        if not self._carries(send.rail):
+        if self._carries(send.rail):
+            self.start_sum(sent[part], send, window)
+
+    def merge(self, batch: int, merge: Merge) -> None:
+        """2. Weigh the current parameters against the nodes' sum from the send."""
+        self.record(batch, "merge", rail=merge.rail, weight=merge.weight)
+        total = self._finished_sum(merge.rail)
+        if total is None or not self._owns_result(merge.rail):
             return
+        self.merge_into(self.flat.data, total, merge)
+
+    def merge_into(self, x: np.ndarray, total: np.ndarray, merge: Merge) -> None:
+        """Heat's merge, in place: x <- (w x + total) / (w + P).
+
+        ``total`` is the sum over the P nodes of the parameters the send carried, S
+        batches ago; x has trained on since. w = ``merge.weight`` = 2 S: twice the
+        batches the send waited (``daso.staleness_weight`` x S, 1 where S <= 0; the
+        schedule sets it when it plans the merge), so the fresher local parameters
+        count for more the staler the sum is.
+        """
+        w, nodes = merge.weight, self.topology.num_nodes
+        weighted_merge(x, total, w, nodes)  # (w x + total) / (w + P): one fused pass
+
+    def broadcast(self, batch: int, root: int, equal: bool = False) -> None:
+        """3. Heat's node broadcast from ``root``; skipped where the node is ``equal`` already."""
+        self.record(batch, "broadcast", root=root)
+        if not (equal or self.all_rails and self.node_identical):
+            node_broadcast(self.flat.data, self.topology, root=root)
+
+    def average(self, batch: int, send: Send) -> None:
+        """4. Finish a blocking sync: the nodes' mean on its rail, then in every node.
+
+        With all rails every rank reads the whole sum and divides it into its parameters
+        (the division costs what a copy of the mean would; the node is then equal: no
+        broadcast), and checks its own 1/G for non-finite values.
+        """
+        self.record(batch, "average", rail=send.rail)
+        x = self.flat.data
+        if self.all_rails:
+            self.mean_into(self._finished_sum(send.rail), send, out=x)
+            self.broadcast(batch, send.rail, equal=True)
+            self.check_finite(x[self.slice])
+            return
+        total = self._finished_sum(send.rail)
+        if total is not None:
+            self.mean_into(total, send, out=x)
+        self.broadcast(batch, send.rail)
+        self.check_finite()
+
+    # -- the global syncs in flight (both paths) -------------------------------------------
+
+    def next_window(self) -> SharedArray:
+        """The window a new send fills: the other one may hold the sync still in flight."""
+        self.windows.reverse()
+        return self.windows[0]
+
+    def start_sum(self, part: np.ndarray, send: Send, window: SharedArray) -> None:
+        """Sum ``part`` over this rank's rail in place: started, or done at once if blocking.
+
+        Queued (with its window) until the merge or the average takes it.
+        """
         request = None
         if send.cast and self.half:
             # The schedule casts only while B < 1, and then S = 0: the send blocks.
-            self._cast_sum(sent[part])
+            self._cast_sum(part)
         elif send.blocking:
-            rail_allreduce(sent[part], self.topology, op="sum")
+            rail_sum(part, self.topology)
         else:
-            request = rail_iallreduce(sent[part], self.topology, op="sum")
+            request = rail_sum_start(part, self.topology)
         self.in_flight.append((request, window))
+
+    def take_oldest(self) -> SharedArray:
+        """Wait for the oldest sync in flight; its window (row 0: this rank's part's sum)."""
+        request, window = self.in_flight.popleft()
+        if request is not None:
+            request.wait()
+        return window
+
+    def mean_into(self, total: np.ndarray, send: Send, out: np.ndarray) -> None:
+        """``out`` <- the nodes' mean from their sum ``total`` (may be ``out`` itself)."""
+        np.divide(total, self.topology.num_nodes, out=out)
+        if send.cast and self.half:  # Heat divides in the sent precision: rounded again
+            out[...] = round_to(out, self.half.kind)
+
+    def record(self, batch: int, action: str, **numbers: Any) -> None:
+        """The trace's instant event ``daso <action>`` of this batch (tests read them)."""
+        tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers)
 
     def _cast_sum(self, part: np.ndarray) -> None:
         """Sum ``part`` over the rail in 16-bit words (blocking); the sum back in ``part``."""
@@ -321,52 +302,18 @@ class DASO(Strategy):
         """Wait for the oldest sync in flight; its whole sum where this rank needs it."""
         if not self._carries(rail):
             return None
-        request, window = self.in_flight.popleft()
-        if request is not None:
-            request.wait()
+        window = self.take_oldest()
         if self.all_rails:
             window.sync()  # every rail's slice of the sum is in row 0
         return window.whole[0]
 
-    def _mean(self, total: np.ndarray, send: Send, out: np.ndarray) -> None:
-        """``out`` <- the nodes' mean from their sum ``total`` (may be ``out`` itself)."""
-        np.divide(total, self.topology.num_nodes, out=out)
-        if send.cast and self.half:  # Heat divides in the sent precision: rounded again
-            out[...] = round_to(out, self.half.kind)
+    def _carries(self, rail: int) -> bool:
+        """Whether this rank carries part of a sync sent on ``rail``."""
+        return self.all_rails or self.topology.local_rank == rail
 
-    def _merge(self, batch: int, merge: Merge) -> None:
-        """Weigh the current parameters against the nodes' sum from the send."""
-        self._record(batch, "merge", rail=merge.rail, weight=merge.weight)
-        total = self._finished_sum(merge.rail)
-        if total is None or not self._owns_result(merge.rail):
-            return
-        weighted_merge(self.flat.data, total, merge.weight, self.topology.num_nodes)
-
-    def _broadcast(self, batch: int, root: int, equal: bool = False) -> None:
-        """Heat's node broadcast from ``root``; skipped where the node is ``equal`` already."""
-        self._record(batch, "broadcast", root=root)
-        if not (equal or self.all_rails and self.node_identical):
-            node_broadcast(self.flat.data, self.topology, root=root)
-
-    def _average(self, batch: int, send: Send) -> None:
-        """Finish a blocking sync: the nodes' mean on its rail, then in every node.
-
-        With all rails every rank reads the whole sum and divides it into its parameters
-        (the division costs what a copy of the mean would; the node is then equal: no
-        broadcast), and checks its own 1/G for non-finite values.
-        """
-        self._record(batch, "average", rail=send.rail)
-        x = self.flat.data
-        if self.all_rails:
-            self._mean(self._finished_sum(send.rail), send, out=x)
-            self._broadcast(batch, send.rail, equal=True)
-            self.check_finite(x[self.slice])
-            return
-        total = self._finished_sum(send.rail)
-        if total is not None:
-            self._mean(total, send, out=x)
-        self._broadcast(batch, send.rail)
-        self.check_finite()
+    def _owns_result(self, rail: int) -> bool:
+        """Whether this rank computes rail ``rail``'s merge (the others get a broadcast)."""
+        return self.topology.local_rank == rail or (self.all_rails and self.node_identical)
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
         """Feed the epoch's loss to the schedule, which sets the next epoch's (B, S, L)."""

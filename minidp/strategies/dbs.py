@@ -35,7 +35,7 @@ import numpy as np
 
 from minidp.optim.schedules import Schedule
 from minidp.strategies.base import Option
-from minidp.strategies.ps import ParameterServer
+from minidp.strategies.ps_base import ParameterServer
 
 
 def clamped_shares(speeds: list[Fraction], total: int, low: int, high: int) -> list[Fraction]:

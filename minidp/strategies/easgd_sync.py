@@ -16,7 +16,7 @@ import numpy as np
 
 from minidp.comm import Topology, p2p
 from minidp.strategies.base import Option
-from minidp.strategies.easgd import TAG_CENTRE, ElasticAveraging
+from minidp.strategies.easgd_base import TAG_CENTRE, ElasticAveraging
 from minidp.trace import tracer
 
 TAG_FOLD, TAG_TREE, TAG_RESULT = 214, 215, 216

@@ -10,7 +10,7 @@ choices. See docs/hbsgd.md.
 
 from __future__ import annotations
 
-from minidp.comm import node_allreduce
+from minidp.comm import node_mean
 from minidp.strategies.base import Option, Strategy
 
 
@@ -27,10 +27,10 @@ class HierarchicalBulkSGD(Strategy):
 
     Communication, at step t (1-based)::
 
-        1. node: allreduce(grad, mean) through the node's shared window (zero-copy);
-           the node's ranks wait for each other
+        1. node_mean(grad): through the node's shared window (zero-copy); the node's
+           ranks wait for each other
         2. optimizer.step() locally
-        3. t % K == 0: allreduce(params, mean) over the world, hierarchical (the node
+        3. t % K == 0: world_mean(params), hierarchical (average_parameters; the node
            copies are equal, so this is the mean over nodes; only the rails cross nodes)
 
     Every epoch ends with step 3 if the last step did not do it, so evaluation and
@@ -52,7 +52,7 @@ class HierarchicalBulkSGD(Strategy):
     def step(self, batch: int) -> None:
         """Node gradient average and update; every K steps, the model average across nodes."""
         self.steps += 1
-        node_allreduce(self.grad_buffer, self.topology, op="mean")
+        node_mean(self.grad_buffer, self.topology)
         self.optimizer_step()
         if self.steps % self.config["k"] == 0 and self.topology.num_nodes > 1:
             self.average_parameters()

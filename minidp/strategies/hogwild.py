@@ -11,9 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from minidp.comm import SharedArray, rail_allreduce
-from minidp.kernels import sgd_update
-from minidp.optim import SGD
+from minidp.comm import SharedArray, rail_mean
 from minidp.strategies.base import Option, Strategy
 from minidp.trace import tracer
 
@@ -26,15 +24,16 @@ class HogwildSGD(Strategy):
         1. read: copy the node's shared parameters into the local model (plain loads
            from the MPI shared-memory window; other ranks may be writing meanwhile)
         2. compute the gradient on the local copy (no communication)
-        3. write: shared <- shared - lr * g, in place in the window, no lock, no atomics:
+        3. write: shared <- shared - lr * g, in place in the window, no lock, no atomics
+           (the optimizer's SGD update of the shared array instead of the local copy):
            concurrent writes can overwrite each other's elements; the race is the
            algorithm (Hogwild's analysis bounds its effect for sparse-enough updates)
 
     More than one node (minidp's choice; the paper's Hogwild is one shared-memory
     machine): every ``period`` steps, and at each epoch's end, local rank 0 of every
-    node averages the node copies over the rail of leaders (``rail_allreduce``) and
-    adds the change (average - its snapshot) to its node's array, so updates that
-    other ranks of the node made meanwhile are kept, not overwritten. Only the leaders
+    node averages the node copies over the rail of leaders (``rail_mean``) and adds the
+    change (average - its snapshot) to its node's array, so updates that other ranks of
+    the node made meanwhile are kept, not overwritten. Only the leaders
     wait for each other there; the other ranks never wait. Every worker takes the same
     number of steps per epoch, so the leaders meet at the same steps.
 
@@ -45,6 +44,7 @@ class HogwildSGD(Strategy):
     name = "hogwild"
     ignores = ("momentum", "nesterov")
     ignored_hint = "a momentum buffer has no lock-free shared form: plain SGD"
+    sgd_only = "the ranks apply SGD to the node's shared parameters"
     options: ClassVar[dict[str, Option]] = {
         "period": Option(0, int, "leader steps between node averages, >= 0 (0: only at each "
                          "epoch's end)", lambda v: v >= 0)}
@@ -52,9 +52,6 @@ class HogwildSGD(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         t = self.topology
-        if not isinstance(self.optimizer, SGD):
-            raise ValueError(f"rank {t.rank}: --optimizer: got "
-                             f"{type(self.optimizer).__name__}, allowed with hogwild: sgd")
         # One segment per local rank; the node's parameters live in local rank 0's.
         self.window = SharedArray(t.node, self.flat.size, self.flat.data.dtype)
         self.shared = self.window.whole[0]
@@ -75,8 +72,7 @@ class HogwildSGD(Strategy):
         """Write the update into the shared array without a lock; leaders average nodes."""
         self.steps += 1
         with tracer().phase("optimizer"):
-            sgd_update(self.shared, self.flat.grad, self.optimizer.state, self.optimizer.lr,
-                       0.0, self.optimizer.weight_decay, False)
+            self.optimizer.update(params=self.shared, momentum=False)
         period = self.config["period"]
         if period and self.topology.is_leader and self.steps % period == 0:
             self.average_nodes()
@@ -89,7 +85,7 @@ class HogwildSGD(Strategy):
         if self.topology.num_nodes < 2:
             return
         np.copyto(self.snapshot, self.shared)
-        mean = rail_allreduce(self.snapshot.copy(), self.topology, op="mean")
+        mean = rail_mean(self.snapshot.copy(), self.topology)
         if quiet:
             np.copyto(self.shared, mean)
         else:

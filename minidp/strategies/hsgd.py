@@ -2,13 +2,15 @@
 
 Reconstruction: only the paper's abstract is public. It names three ideas, all here:
 first-level replicas on every node that synchronise through shared memory, a second
-level across nodes by MPI, and LARS (``--optimizer lars``); its third idea, contiguous
-parallel I/O, is the ``mpiio`` reader. See docs/hsgd.md for the choices made.
+level across nodes by MPI, and LARS (``--optimizer lars``, minidp/optim/lars.py, where
+the trust ratio is computed: per parameter tensor, which the paper calls layer-wise);
+its third idea, contiguous parallel I/O, is the ``mpiio`` reader. See docs/hsgd.md for
+the choices made.
 """
 
 from __future__ import annotations
 
-from minidp.comm import allreduce, node_allreduce
+from minidp.comm import node_mean, world_mean
 from minidp.strategies.base import Option, Strategy
 
 
@@ -20,19 +22,22 @@ class HierarchicalSGD(Strategy):
     replicas average gradients before one common update; with ``"parameters"`` each
     replica updates with its own gradient and the levels average parameters, level 1
     every ``level1_period`` steps and level 2 every ``level2_period`` steps (a multiple
-    of it), i.e. hierarchical local SGD. LARS, nonlinear in the gradient, acts on the
-    averaged gradient in the first form and inside each replica's step in the second.
+    of it), i.e. hierarchical local SGD. LARS (optim/lars.py: a trust ratio per
+    parameter tensor), nonlinear in the gradient, acts on the averaged gradient in the
+    first form and inside each replica's step in the second.
 
     Communication, at step t (1-based)::
 
-        gradients:  1. node: every rank's gradient is its segment of the node window;
+        gradients:  world_mean(grad), hierarchical (comm/allreducers/hierarchical.py):
+                    1. node: every rank's gradient is its segment of the node window;
                        local rank k sums slice k of the G segments (shared memory only)
                     2. rails: local rank k allreduces slice k over the P nodes (MPI)
-                    3. node: slices copied back into every segment; sync; update
+                    3. node: slice k divided by N (the mean) and copied back into every
+                       segment; sync; update (SGD or LARS)
         parameters: 1. update with the own gradient
-                    2. t % level2_period == 0: parameters averaged over the world as
-                       in 1-3 above (node, then rails)
-                       else t % level1_period == 0: averaged in the node only
+                    2. t % level2_period == 0: world_mean(params), as in 1-3 above
+                       (node, then rails)
+                       else t % level1_period == 0: node_mean(params), the node only
 
     Every rank waits at the node sync and (level 2) for its rail. At the end of every
     epoch the parameters are averaged over the world, so evaluation and checkpoints see
@@ -69,14 +74,14 @@ class HierarchicalSGD(Strategy):
         """One step of the two-level scheme (see the class docstring)."""
         self.steps += 1
         if self.config["average"] == "gradients":
-            allreduce(self.grad_buffer, self.topology, "hierarchical", op="mean")
+            world_mean(self.grad_buffer, self.topology, "hierarchical")
             self.optimizer_step()
             return
         self.optimizer_step()
         if self.steps % self.config["level2_period"] == 0:
             self.average_parameters()
         elif self.steps % self.config["level1_period"] == 0:
-            node_allreduce(self.flat.data, self.topology, op="mean")
+            node_mean(self.flat.data, self.topology)
 
     def end_epoch(self, epoch: int, train_loss: float) -> None:
         """Average parameters over the world unless the last step just did."""

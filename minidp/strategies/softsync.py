@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from minidp.strategies.base import Option
-from minidp.strategies.ps import ParameterServer
+from minidp.strategies.ps_base import ParameterServer
 
 RULES = ("mean", "each")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minidp.comm import allreduce
+from minidp.comm import world_mean
 from minidp.strategies.base import Strategy
 
 
@@ -13,15 +13,19 @@ class SyncSGD(Strategy):
     against. With identical starting parameters (broadcast from rank 0) and identical
     updates, every replica stays bit-for-bit equal.
 
+    Which allreduce a default run takes: ``--allreduce`` (this class's ``allreduce``
+    argument) defaults to ``mpi``, MPI's own flat ``Iallreduce`` on the world, the
+    baseline. ``minidp.comm.allreduce`` called without an algorithm defaults to
+    ``hierarchical`` instead (what ``hsgd`` runs); ``sync`` always passes its own.
+
     Communication, per step::
 
-        1. allreduce(grad, mean) over the world by the selected algorithm
-           (``--allreduce``; default ``mpi``: MPI's own flat allreduce, the baseline;
-           ``hierarchical``: node slices in the shared window, then the rails, with
-           the gradient buffer this rank's segment of the window (``grad_buffer``, a
-           NodeBuffer), so zero-copy: what ``hsgd`` runs).
-           Every rank waits here for the slowest.
-        2. optimizer.step() locally: no communication.
+        1. world_mean(grad): allreduce(grad, mean) over the world by ``--allreduce``
+           (default ``mpi``: comm/allreducers/mpi.py; ``hierarchical``: node slices in
+           the shared window, then the rails, with the gradient buffer this rank's
+           segment of the window (``grad_buffer``, a NodeBuffer), so zero-copy:
+           comm/allreducers/hierarchical.py). Every rank waits here for the slowest.
+        2. optimizer.step() locally: w <- w - lr g (optim/sgd.py), no communication.
 
     One rank: the allreduce is the identity and this is plain SGD. One node: with
     ``hierarchical`` only the shared-memory level runs.
@@ -37,5 +41,5 @@ class SyncSGD(Strategy):
     def step(self, batch: int) -> None:
         """Average the gradients over every rank, then update."""
         self.steps += 1
-        allreduce(self.grad_buffer, self.topology, self.algorithm, op="mean")
+        world_mean(self.grad_buffer, self.topology, self.algorithm)
         self.optimizer_step()

@@ -40,8 +40,8 @@ def valid_layouts():
 @pytest.mark.parametrize("ranks_per_node", LAYOUTS)
 def test_topology_numbers(ranks_per_node):
     if ranks_per_node is not None and world.size % ranks_per_node:
-        with pytest.raises(ValueError, match=f"rank {world.rank}: ranks_per_node "
-                                             f"{ranks_per_node} must be a positive divisor"):
+        with pytest.raises(ValueError, match=f"rank {world.rank}: --ranks-per-node: got "
+                                             f"{ranks_per_node} for the job's {world.size}"):
             Topology(ranks_per_node=ranks_per_node)
         return
     t = topology(ranks_per_node)

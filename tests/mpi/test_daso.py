@@ -168,10 +168,10 @@ def test_an_identical_node_keeps_one_replica_and_each_rank_steps_its_slice(value
     started, blocking = (0, 4) if values == (0, 0, 0) else (2, 1)
     assert ops.count(("wait", "rail iallreduce")) == started
     assert ops.count(("comm_inter", "rail_allreduce")) == blocking
-    assert s.shares_replica and equal_over(world, s.flat.data)
+    assert s.replica.shared and equal_over(world, s.flat.data)
     if t.local_rank == 0:
         s.flat.data[0] = 12345.0
-    s.replica[0].sync()
+    s.replica.windows[0].sync()
     assert s.flat.data[0] == 12345.0  # one replica: local rank 0's write is every rank's
 
 

@@ -220,3 +220,14 @@ def test_hogwild_one_rank_per_node_is_local_sgd_averaged_on_schedule(period):
                                atol=1e-13)
     if world.size == 1:
         np.testing.assert_allclose(got, sequential(2, 3, [0]), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("name,servers", [("hogwild", 0), ("asgd", 1), ("easgd-async", 1)])
+def test_a_strategy_that_steps_parts_of_the_model_refuses_lars(name, servers):
+    # the server's shard, the elastic worker's plain SGD, hogwild's shared copy: SGD.step's
+    # arguments, which LARS has not; one check, in the base class, for all of them
+    if world.size <= servers:
+        pytest.skip("needs a worker beside the server")
+    with pytest.raises(ValueError, match=rf"rank {world.rank}: --optimizer: got LARS, allowed "
+                                         rf"with {name}: sgd \(the \w+ appl"):
+        build(name, topology(world.size, servers), optimizer={"lars": True})

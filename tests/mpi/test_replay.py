@@ -5,12 +5,17 @@ compute 20x slower), float64 unless said; rank 0 then replays it in one process
 (``minidp.replay``: the update rules written from the papers, apart from
 ``minidp.strategies``) and the replay must equal the run's ``model.npz`` bit for bit,
 with stale gradients (staleness >= 2) among the recorded events, so that every rule that
-depends on staleness is exercised. docs/replay.md lists what each case covers.
+depends on staleness is exercised. Each case prints the staleness values that occurred
+(how many gradients or exchanges met each), and names them in its assertion messages:
+they follow the scheduler, so only the maximum is asserted here. docs/replay.md lists
+what each case covers. A parameter server resumed between epochs under a decaying
+schedule must equal the uninterrupted run bit for bit (its rate's clock is restored).
 """
 
 import json
 import os
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -58,6 +63,11 @@ def replayed(out, **kwargs):
     return world.bcast(outcome)
 
 
+def occurred(outcome):
+    """The staleness values the replay met, as {value: how many}: the case's statement."""
+    return dict(sorted(Counter(outcome.staleness).items()))
+
+
 def worker_rows(out):
     with open(os.path.join(out, "events.json")) as f:
         events = json.load(f)
@@ -72,6 +82,7 @@ CASES = [
     ("softsync", {"n": 3}, dict(schedule="step")),  # lr / <sigma>, c = 1
     ("softsync", {"n": 1, "rule": "each"}, {}),  # Zhang et al.'s g / sigma, c = 3
     ("softsync", {"n": 3, "rule": "each", "server_momentum": True}, dict(momentum=0.5)),
+    ("softsync", {"n": 2}, dict(weight_decay=1e-3)),  # n does not divide 3: c = 1, not 2
     ("dbs", {}, dict(weight_decay=1e-3)),  # b_i / b, sizes follow the speeds
     ("easgd-rr", {}, dict(weight_decay=1e-3)),
     ("easgd-async", {"tau": 2}, dict(schedule="cosine")),
@@ -88,9 +99,13 @@ def test_a_run_replays_bit_for_bit_from_the_papers_rules(data_dir, tmp_path, cap
     out = train(data_dir, tmp_path, strategy, options, **settings)
     printed = capsys.readouterr().out
     outcome = replayed(out)
-    assert outcome.status == 0, "\n".join(outcome.lines)
-    assert outcome.lines[-1].startswith("result: equal to model.npz bit for bit")
-    assert max(outcome.staleness) >= 2, outcome.lines  # stale gradients were applied
+    stated = f"staleness that occurred {{value: count}}: {occurred(outcome)}"
+    with capsys.disabled():
+        if world.rank == 0:
+            print(f"\n{strategy} {options} {settings}: {stated}")
+    assert outcome.status == 0, "\n".join(outcome.lines + [stated])
+    assert outcome.lines[-1].startswith("result: equal to model.npz bit for bit"), stated
+    assert max(outcome.staleness) >= 2, stated  # stale gradients were applied
     if strategy == "dbs":  # the straggler took fewer samples: b_i / b weights differ
         rows = worker_rows(out)
         assert {row[1] for row in rows[3]} != {8}, rows[3]
@@ -102,8 +117,9 @@ def test_a_run_replays_bit_for_bit_from_the_papers_rules(data_dir, tmp_path, cap
 def test_dbs_rounds_replay_with_unequal_sizes_and_no_staleness(data_dir, tmp_path):
     out = train(data_dir, tmp_path, "dbs", {"update": "round"}, momentum=0.5)
     outcome = replayed(out)
-    assert outcome.status == 0, "\n".join(outcome.lines)
-    assert set(outcome.staleness) == {0}  # the round's rule: every gradient fresh
+    stated = f"staleness that occurred {{value: count}}: {occurred(outcome)}"
+    assert outcome.status == 0, "\n".join(outcome.lines + [stated])
+    assert set(outcome.staleness) == {0}, stated  # the round's rule: every gradient fresh
     rows = worker_rows(out)
     assert len({row[1] for w in rows for row in rows[w]}) > 1  # b_i / sum b, unequal
     assert all(u.rule.startswith("sum b_i g_i") for u in outcome.updates)
@@ -164,4 +180,32 @@ def test_what_differs_or_cannot_be_replayed_is_said(data_dir, tmp_path, capsys):
     os.remove(f"{broken}/events.json")
     shutil.copy(f"{out}/run.json", f"{broken}/run.json")
     assert replay(broken).status == 2
+    world.Barrier()
+
+
+@pytest.mark.parametrize("schedule", ["step", "cosine"])
+def test_a_parameter_server_resumed_between_epochs_equals_the_uninterrupted_run(
+        data_dir, tmp_path, schedule):
+    # The server's rate is the schedule at its own clock (samples applied // (b x
+    # workers)); with a constant rate a resume that lost the clock would pass. Three
+    # epochs of a step (or cosine) schedule: the rate drops at each epoch's end. The
+    # workers are taken in turn (round_robin), so the two runs apply the same gradients;
+    # amsgd's momentum buffer at the server must come back too.
+    settings = dict(schedule=schedule, epochs=3, momentum=0.5, checkpoint_every=1,
+                    slowdown=None)
+    options = {"order": "round_robin"}
+    whole = train(data_dir, tmp_path / "whole", "amsgd", options, **settings)
+    parts = train(data_dir, tmp_path / "parts", "amsgd", options, stop_after=1, **settings)
+    if world.rank == 0:
+        assert [json.loads(line)["epoch"] for line in open(f"{parts}/metrics.jsonl")] == [1]
+        assert os.listdir(f"{parts}/checkpoints") == ["epoch-0001"]
+    world.Barrier()
+    train(data_dir, tmp_path / "parts", "amsgd", options, resume="yes", **settings)
+    if world.rank == 0:
+        with np.load(f"{whole}/model.npz") as a, np.load(f"{parts}/model.npz") as b:
+            assert sorted(a.files) == sorted(b.files)
+            for key in a.files:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        lines = [json.loads(line) for line in open(f"{parts}/metrics.jsonl")]
+        assert [m["epoch"] for m in lines] == [1, 2, 3]
     world.Barrier()

@@ -148,12 +148,32 @@ def test_a_bad_comm_timeout_variable_is_refused(monkeypatch, value):
 
 
 def test_more_threads_than_cores_is_refused(monkeypatch):
-    from minidp.__main__ import check_threads
-    from minidp.threads import available_cores
+    from minidp import threads
 
     monkeypatch.setenv("MINIDP_NUM_THREADS", "100000")
     with pytest.raises(ValueError, match=re.escape(
-            f"MINIDP_NUM_THREADS: got 100000, allowed: 1 to {available_cores()} (the cores")):
-        check_threads()
-    monkeypatch.setenv("MINIDP_NUM_THREADS", str(available_cores()))
-    check_threads()
+            f"MINIDP_NUM_THREADS: got 100000, allowed: 1 to {threads.available_cores()} (the "
+            "cores")):
+        threads.check()
+    monkeypatch.setenv("MINIDP_NUM_THREADS", str(threads.available_cores()))
+    threads.check()
+
+
+def test_a_warm_up_longer_than_the_run_is_refused_saying_what_it_would_do():
+    with pytest.raises(ValueError, match=re.escape(
+            "--warmup-epochs: got 10 with --epochs 2, allowed: 0 to 2 (the warm-up raises the "
+            "rate linearly to --lr; one longer than the run ends at 20% of it); give --epochs "
+            "10 or more, or a shorter warm-up")):
+        parse(["--epochs", "2", "--warmup-epochs", "10"])
+    # as long as the run: the rate reaches --lr at its last step (examples/hsgd.py, 1 epoch)
+    assert parse(["--epochs", "2", "--warmup-epochs", "2"]).warmup_epochs == 2
+
+
+def test_the_strategy_options_and_network_checks_are_one_function_for_train_and_simulate():
+    from minidp.run.config import check_network, strategy_options
+
+    with pytest.raises(ValueError, match=r"daso.staleness_weight: got inf, allowed: a finite"):
+        strategy_options("daso", {"staleness_weight": "inf"})
+    with pytest.raises(ValueError, match=r"--net-bandwidth-gbps: got 1e-09, allowed: 0 "):
+        check_network(0.0, 1e-9)
+    check_network(50.0, 1.0)

@@ -184,3 +184,24 @@ def test_data_prepare_writes_both_splits(tmp_path):
     assert sorted(os.listdir(out)) == ["cifar10-test.mdp", "cifar10-train.mdp"]
     assert cli(["data", "prepare", "cifar10", "--data-dir", str(tmp_path / "none"), "--out",
                 str(out), "--quiet"]) == 2
+
+
+def test_a_fifo_or_directory_in_place_of_a_source_file_is_named_never_opened(tmp_path):
+    """Opened, a FIFO would wait for a writer for ever; "does not exist" would mislead."""
+    os.mkfifo(tmp_path / "train-images-idx3-ubyte")
+    with pytest.raises(ValueError, match=rf"^IDX file '{tmp_path}/train-images-idx3-ubyte' is "
+                                         r"a FIFO \(named pipe\), not a regular file; allowed: "
+                                         r"an IDX file, plain or .gz$"):
+        read_idx(str(tmp_path / "train-images-idx3-ubyte"))
+    os.mkdir(tmp_path / "t10k-images-idx3-ubyte.gz")
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.gz' is a directory, not a "
+                                         r"regular file"):
+        read_idx(str(tmp_path / "t10k-images-idx3-ubyte.gz"))
+    write_cifar(tmp_path / "cifar-10-batches-py")
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+    os.remove(batch)
+    os.mkfifo(batch)
+    with pytest.raises(ValueError, match=rf"^CIFAR-10 batch '{batch}' is a FIFO \(named pipe\), "
+                                         r"not a regular file; allowed: a python batch file of "
+                                         r"cifar-10-python.tar.gz$"):
+        load_dataset("cifar10", str(tmp_path))

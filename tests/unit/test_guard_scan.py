@@ -84,11 +84,19 @@ def _minidp_modules(tree: ast.Module) -> set[str]:
     return names
 
 
+def _other_modules(tree: ast.Module) -> set[str]:
+    """Names this module binds to modules that are not MPI's (``import threading``): their
+    ``Lock`` or ``Free`` is not a blocking MPI call."""
+    return {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, ast.Import) for alias in node.names
+            if not alias.name.startswith(("mpi4py", "minidp"))}
+
+
 def blocking_calls(path: str) -> list[tuple[int, str, str, str]]:
     """(line, enclosing function, method, call text) of every blocking call in ``path``."""
     with open(path) as f:
         tree = ast.parse(f.read(), path)
-    modules = _minidp_modules(tree)
+    modules = _minidp_modules(tree) | _other_modules(tree)
     own_methods = {n.name for n in ast.walk(tree)
                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     found = []
@@ -141,6 +149,8 @@ def test_the_scan_finds_calls_and_spares_minidp_and_local_names(tmp_path):
     source = tmp_path / "sample.py"
     source.write_text(
         "from minidp.comm import p2p\n"
+        "import threading\n"
+        "from mpi4py import MPI\n"
         "class S:\n"
         "    def send(self):\n"
         "        p2p.send(1)\n"
@@ -148,6 +158,8 @@ def test_the_scan_finds_calls_and_spares_minidp_and_local_names(tmp_path):
         "        self.send()\n"
         "        comm.allgather(1)\n"
         "        window.Fence()\n"
-        "        guard.collective(comm, 'split', comm.Split, 0)\n")
+        "        guard.collective(comm, 'split', comm.Split, 0)\n"
+        "        threading.Lock()\n"
+        "        MPI.File.Open(comm, 'f')\n")
     assert [(line, fn, m) for line, fn, m, _ in blocking_calls(str(source))] == [
-        (7, "step", "allgather"), (8, "step", "Fence")]
+        (9, "step", "allgather"), (10, "step", "Fence"), (13, "step", "Open")]

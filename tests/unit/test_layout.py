@@ -13,13 +13,15 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "minidp")
 
-# The package's face and what every layer uses; everything else lives in a package.
-ROOT_MODULES = {"__init__", "__main__", "backend", "threads", "trace", "allocator",
+# The package's face (with the old import paths, _moved) and what every layer uses;
+# everything else lives in a package.
+ROOT_MODULES = {"__init__", "__main__", "_moved", "backend", "threads", "trace", "allocator",
                 "functional"}
 # The one inherent circle: ops build Tensors, and Tensor's operators call ops.
 CIRCLE_ALLOWED = "minidp.autograd"
 # Lower layers never import higher ones (a layer may import its own and lower ones).
-LAYERS = [("minidp", "minidp.backend", "minidp.threads", "minidp.trace", "minidp.allocator"),
+LAYERS = [("minidp", "minidp._moved", "minidp.backend", "minidp.threads", "minidp.trace",
+           "minidp.allocator"),
           ("minidp.kernels", "minidp.autograd", "minidp.functional"),
           ("minidp.layers", "minidp.optim"), ("minidp.comm",), ("minidp.io",),
           ("minidp.strategies",), ("minidp.run",),
@@ -121,3 +123,43 @@ def test_the_checks_see_a_circle_and_an_upward_import():
     assert circles(edges) == [["a", "b", "c"]]
     assert layer("minidp.strategies.sync") > layer("minidp.comm.guard")
     assert layer("minidp.run.trainer") > layer("minidp.strategies")
+
+
+def uses_of(name: str, path: str) -> list[int]:
+    """The lines of the file at ``path`` that import, name or reach ``name`` (``x.name``)."""
+    lines = []
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+        if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names) or \
+                isinstance(node, ast.Name) and node.id == name or \
+                isinstance(node, ast.Attribute) and node.attr == name:
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+# Where the SGD kernel may be called: the optimizers own the update (and the rate), the
+# kernels define it. The replay has its own SGD, written apart from both (rules.py).
+UPDATE_KERNEL_USERS = ("minidp.optim", "minidp.kernels")
+
+
+def test_only_the_optimizers_call_the_update_kernel():
+    found = {m: uses_of("sgd_update", path) for m, path in modules().items()}
+    outside = sorted(f"{m} (lines {found[m]})" for m in found
+                     if found[m] and not m.startswith(UPDATE_KERNEL_USERS))
+    assert outside == [], ("sgd_update outside minidp/optim and minidp/kernels: step "
+                           f"through the optimizer (SGD.step) instead: {outside}")
+    assert found["minidp.optim.sgd"] and found["minidp.optim.lars"]
+
+
+def test_the_update_kernel_scan_sees_every_form(tmp_path):
+    source = tmp_path / "user.py"
+    source.write_text("from minidp.kernels import sgd_update\nimport minidp.kernels as k\n"
+                      "k.sgd_update(1)\nf = sgd_update\n")
+    assert uses_of("sgd_update", str(source)) == [1, 3, 4]
+
+
+def test_each_strategy_id_lives_in_the_file_of_its_name():
+    from minidp.strategies import STRATEGIES
+
+    misplaced = {name: cls.__module__ for name, cls in STRATEGIES.items()
+                 if cls.__module__ != "minidp.strategies." + name.replace("-", "_")}
+    assert misplaced == {}

@@ -252,9 +252,9 @@ def test_labels_out_of_range_are_refused_when_decoded(tmp_path, arrays):
     path = write(tmp_path, arrays)
     patch_sealed(path, 68, (5).to_bytes(4, "little"))  # the header now claims 5 classes
     first = int(np.flatnonzero(y >= 5)[0])
-    with pytest.raises(ValueError, match=rf"d.mdp': dataset records: label {y[first]} "
-                                         rf"\(record {first} of this block\) is outside the "
-                                         r"allowed range \[0, 5\)"):
+    with pytest.raises(ValueError, match=rf"d.mdp': label {y[first]} of record {first} is "
+                                         r"outside the allowed range \[0, 5\) of the header's "
+                                         r"5 classes; the file's labels do not fit its header"):
         mdp.read_mdp(path)
     header = mdp.read_header(path)
     raw = np.fromfile(path, dtype=np.uint8, offset=mdp.HEADER_SIZE)
@@ -305,3 +305,25 @@ def test_a_directory_or_fifo_is_named_for_what_it_is(tmp_path):
     with pytest.raises(ValueError, match=r"fifo.mdp' is a FIFO \(named pipe\), not a regular"):
         mdp.read_header(str(tmp_path / "fifo.mdp"))  # never opened: it would block
     assert stat.S_ISFIFO(os.stat(tmp_path / "fifo.mdp").st_mode)
+
+
+def test_an_exclusive_write_never_replaces_and_leaves_nothing_when_it_fails(tmp_path, arrays,
+                                                                            monkeypatch):
+    path = tmp_path / "d.mdp"
+    path.write_bytes(b"the user's")
+    os.symlink(tmp_path / "nowhere", tmp_path / "link.mdp")
+    for name in ("d.mdp", "link.mdp"):  # a file, a dangling link: neither replaced nor followed
+        with pytest.raises(FileExistsError, match=f"^'{tmp_path}/{name}' exists .*minidp never "
+                                                  "replaces a file, it is left as it is$"):
+            mdp.write_mdp(str(tmp_path / name), *arrays, 10, exclusive=True)
+    assert path.read_bytes() == b"the user's" and not (tmp_path / "nowhere").exists()
+    header = mdp.write_mdp(str(tmp_path / "new.mdp"), *arrays, 10, exclusive=True)
+    assert mdp.read_mdp(str(tmp_path / "new.mdp"))[2] == header
+
+    def broken(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mdp, "checksum", broken)
+    with pytest.raises(OSError, match=f"cannot write '{tmp_path}/other.mdp': disk full"):
+        mdp.write_mdp(str(tmp_path / "other.mdp"), *arrays, 10, exclusive=True)
+    assert sorted(os.listdir(tmp_path)) == ["d.mdp", "link.mdp", "new.mdp"]  # no temporary

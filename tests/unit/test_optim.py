@@ -10,6 +10,7 @@ from minidp.optim import (
     LARS,
     SGD,
     CosineLR,
+    LookAhead,
     LRScheduler,
     PolynomialLR,
     StepLR,
@@ -129,17 +130,83 @@ def test_parts_stepped_one_by_one_give_the_whole_steps_bits(momentum, nesterov, 
         whole.flat_parameters().grad[...] = grad
         opt_whole.step()
         for part in (slice(0, n // 3), slice(n // 3, n)):
-            opt_parts.step_part(part, grad[part])
+            opt_parts.update(grad[part], part)
     np.testing.assert_array_equal(parts.flat_parameters().data, whole.flat_parameters().data)
     np.testing.assert_array_equal(opt_parts.state, opt_whole.state)
     assert opt_parts.step_count == 6  # counted per call: one call per rank and step
     x = parts.flat_parameters().data.copy()
     out = np.full(n // 2, np.nan, np.float32)
-    opt_parts.step_part(slice(0, n // 2), grad[:n // 2], out=out)
+    opt_parts.update(grad[:n // 2], slice(0, n // 2), out=out)
     np.testing.assert_array_equal(parts.flat_parameters().data, x)
     opt_whole.step()
     np.testing.assert_array_equal(out, whole.flat_parameters().data[:n // 2])
     np.testing.assert_array_equal(opt_parts.state[:n // 2], opt_whole.state[:n // 2])
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.9, False, 0), (0.9, True, 1e-2)])
+def test_sgd_steps_a_part_another_array_without_momentum_and_at_a_divided_rate(momentum,
+                                                                                 nesterov, wd):
+    # what a parameter server (its shard, momentum if kept, softsync's divided rate), an
+    # elastic worker (plain SGD) and hogwild (the node's copy) ask of the optimizer,
+    # against PyTorch's SGD written out on the same numbers
+    layers.manual_seed(2)
+    model = layers.mlp(6, (5,), 3).to(np.float64)
+    opt = SGD(model.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    flat, n = model.flat_parameters(), opt.state.size
+    rng = np.random.default_rng(3)
+    shard, grads = slice(n // 4, n // 2), [rng.standard_normal(n // 2 - n // 4) for _ in range(3)]
+    w0, untouched = flat.data[shard].copy(), flat.data.copy()
+    for g in grads:
+        opt.update(g, shard, lr_divisor=2.5)
+    expected = reference_sgd(w0, grads, 0.1 / 2.5, momentum, nesterov, wd)
+    np.testing.assert_allclose(flat.data[shard], expected, rtol=1e-13, atol=1e-15)
+    outside = np.ones(n, bool)
+    outside[shard] = False
+    np.testing.assert_array_equal(flat.data[outside], untouched[outside])
+    state, w1, g = opt.state.copy(), flat.data.copy(), rng.standard_normal(n)
+    flat.grad[...] = g
+    opt.update(momentum=False)  # plain SGD: the momentum neither used nor advanced
+    np.testing.assert_allclose(flat.data, w1 - 0.1 * (g + wd * w1), rtol=1e-13, atol=1e-15)
+    np.testing.assert_array_equal(opt.state, state)
+    other, w2 = rng.standard_normal(n), flat.data.copy()
+    stepped = other.copy()
+    opt.update(params=stepped, momentum=False)  # hogwild: the node's copy, not the model
+    np.testing.assert_allclose(stepped, other - 0.1 * (g + wd * other), rtol=1e-13, atol=1e-15)
+    np.testing.assert_array_equal(flat.data, w2)
+    assert opt.step_count == 5
+
+
+def test_sgd_step_with_arguments_needs_the_flat_buffers():
+    p = Parameter(np.ones(3))
+    p.grad = np.ones(3)
+    with pytest.raises(RuntimeError, match="needs the model's flat parameters"):
+        SGD([p], lr=0.1).update(momentum=False)
+
+
+def test_lookahead_is_eamsgds_worker_step_written_out():
+    # Zhang et al. 2015, Algorithm 2 on one worker without exchanges:
+    #   v <- delta v - lr (g(x + delta v) + wd (x + delta v));   x <- x + v
+    layers.manual_seed(5)
+    model = layers.mlp(4, (3,), 2).to(np.float64)
+    opt = SGD(model.parameters(), lr=0.05, weight_decay=1e-2)
+    momentum, flat = LookAhead(opt, delta=0.8), model.flat_parameters()
+    x, v = flat.data.copy(), np.zeros(flat.size)
+    rng = np.random.default_rng(6)
+    keep = np.empty(flat.size)
+    for _ in range(4):
+        g = rng.standard_normal(flat.size)  # the gradient the model gives at y = x + delta v
+        momentum.look_ahead(keep)
+        np.testing.assert_allclose(keep, x, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(flat.data, x + 0.8 * v, rtol=1e-14, atol=1e-15)
+        flat.grad[...] = g
+        momentum.step()
+        y = x + 0.8 * v
+        v = 0.8 * v - 0.05 * (g + 1e-2 * y)
+        x = x + v
+        np.testing.assert_allclose(flat.data, x, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(opt.state, v, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match=r"delta: got 1.0, allowed: in \[0.0, 1.0\)"):
+        LookAhead(opt, delta=1.0)
 
 
 def test_rebound_state_is_the_buffer_and_takes_the_updates():

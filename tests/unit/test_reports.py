@@ -4,9 +4,12 @@ import argparse
 import itertools
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
+from minidp.__main__ import main
 from minidp.reporting import report
 from minidp.reporting.runs import label_runs, load_run
 
@@ -197,3 +200,107 @@ def test_a_directory_that_is_not_a_run_is_refused(tmp_path):
         load_run(str(tmp_path))
     with pytest.raises(ValueError, match="RUN_DIR: got .*nowhere"):
         load_run(str(tmp_path / "nowhere"))
+
+
+def report_command(args, timeout=120):
+    """``python -m minidp report ARGS`` in its own process (a FIFO must not hang the suite)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-m", "minidp", "report", *args], cwd=root,
+                          capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr
+
+
+ROW = {"epoch": 1, "train_loss": 1.0, "test_loss": 1.5, "test_accuracy": 0.5, "wall_s": 2.0,
+       "comm_s": 0.5, "phases": PHASES}
+
+
+@pytest.mark.parametrize("line, message", [
+    ("[1, 2]", "line 2: got [1, 2] (an array), allowed: a JSON object, as minidp writes it"),
+    ('{"epoch": 2}', "line 2: no 'train_loss', allowed: a record that has it (a finite "
+                     "number, or null (a diverged epoch)), as minidp writes it"),
+    (json.dumps({**ROW, "epoch": 2, "wall_s": "2.0"}),
+     "line 2: 'wall_s' is \"2.0\" (a string), allowed: a finite number >= 0"),
+    (json.dumps({**ROW, "epoch": "2"}),
+     "line 2: 'epoch' is \"2\" (a string), allowed: an int >= 1"),
+    (json.dumps({**ROW, "epoch": 2, "test_accuracy": 7}),
+     "line 2: 'test_accuracy' is 7 (int), allowed: a number in [0, 1]"),
+    (json.dumps({**ROW, "epoch": 2, "phases": {"forward": -1}}),
+     "line 2: 'phases' is {\"forward\": -1} (an object), allowed: a JSON object of finite "
+     "numbers >= 0"),
+    (json.dumps({**ROW, "epoch": 2, "strategy": {"staleness_histogram": [1, "x"]}}),
+     "line 2, 'strategy': 'staleness_histogram' is [1, \"x\"] (an array), allowed: an array "
+     "of ints >= 0"),
+    ('{"epoch": 2, ', "line 2: not valid JSON at character 15 (Expecting property name "
+                      "enclosed in double quotes)"),
+], ids=["array", "missing", "string", "epoch", "accuracy", "phases", "stats", "json"])
+def test_a_malformed_metrics_row_is_one_line_naming_file_line_and_field(tmp_path, capsys,
+                                                                      line, message):
+    run = make_run(tmp_path / "a", "sync", [0.5])
+    with open(os.path.join(run, "metrics.jsonl"), "a") as f:
+        f.write(line + "\n")
+    out = tmp_path / "report"
+    assert main(["report", run, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: report: metrics.jsonl: '{run}/metrics.jsonl', {message}\n"
+    assert not out.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("run.json", "[]", "run.json: '{run}/run.json': got [] (an array), allowed: a JSON object"),
+    ("run.json", '{"config": {"strategy": 3}}',
+     "run.json: '{run}/run.json', 'config': 'strategy' is 3 (int), allowed: a string"),
+    ("summary.json", '{"world_size": 4}',
+     "summary.json: '{run}/summary.json': no 'wall_s', allowed: a record that has it"),
+    ("summary.json", '{"world_size": 4, "wall_s": 1, "bytes_sent": {"intra": "many"}}',
+     "summary.json: '{run}/summary.json': 'bytes_sent' is {\"intra\": \"many\"} (an object), "
+     "allowed: a JSON object of byte counts >= 0"),
+    ("trace.json", '{"traceEvents": [{"name": "forward", "ph": "X", "pid": 0}]}',
+     "trace.json: '{run}/trace.json', event 0: no 'dur', allowed: a record that has it"),
+    ("trace.json", '{"traceEvents": 5}',
+     "trace.json: '{run}/trace.json' holds no list of events"),
+    ("metrics.jsonl", b"\xff\xfe\n", "metrics.jsonl: '{run}/metrics.jsonl' is not UTF-8 text"),
+], ids=["run-array", "strategy", "summary", "bytes", "trace-event", "trace-list", "bytes-utf8"])
+def test_other_files_that_are_not_minidps_are_named(tmp_path, capsys, name, content, message):
+    run = make_run(tmp_path / "a", "sync", [0.5])
+    mode = "wb" if isinstance(content, bytes) else "w"
+    with open(os.path.join(run, name), mode) as f:
+        f.write(content)
+    assert main(["report", run, "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: report: " + message.replace("{run}", run)), err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["run.json", "metrics.jsonl", "summary.json", "trace.json"])
+def test_a_fifo_in_a_run_directory_is_refused_not_waited_on(tmp_path, name):
+    run = make_run(tmp_path / "a", "sync", [0.5])
+    os.remove(os.path.join(run, name))
+    os.mkfifo(os.path.join(run, name))  # opened for reading, it waits for a writer for ever
+    status, output = report_command([run, "--out", str(tmp_path / "report")])
+    assert status == 2, output
+    assert output == (f"error: report: {name}: '{run}/{name}' is a FIFO (named pipe), not a "
+                      "regular file (minidp writes regular files there)\n")
+
+
+def test_a_device_behind_a_link_is_refused(tmp_path, capsys):
+    run = make_run(tmp_path / "a", "sync", [0.5])
+    os.remove(os.path.join(run, "trace.json"))
+    os.symlink("/dev/zero", os.path.join(run, "trace.json"))  # it never ends
+    assert main(["report", run, "--out", str(tmp_path / "report")]) == 2
+    assert capsys.readouterr().err == (f"error: report: trace.json: '{run}/trace.json' is a "
+                                       "device, not a regular file (minidp writes regular files "
+                                       "there)\n")
+
+
+def test_an_out_that_is_no_directory_is_one_line(tmp_path, capsys):
+    run = make_run(tmp_path / "a", "sync", [0.5])
+    taken = tmp_path / "taken"
+    taken.write_text("a user's file\n")
+    assert main(["report", run, "--out", str(taken)]) == 2
+    assert capsys.readouterr().err == (f"error: report: --out: '{taken}' is a regular file, "
+                                       "allowed: a directory, new or existing, for report.md "
+                                       "and the plots\n")
+    assert taken.read_text() == "a user's file\n"
+    assert main(["report", run, "--out", str(taken / "sub")]) == 2  # cannot be made
+    assert capsys.readouterr().err == (f"error: report: --out: cannot write '{taken}/sub': "
+                                       "Not a directory\n")

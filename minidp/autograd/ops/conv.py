@@ -27,26 +27,26 @@ Backward recomputes what it needs chunk by chunk instead of keeping the columns
   ``dx[chunk] = col2im(W2.T @ g[chunk])``.
 
 The weight gradient is one GEMM per chunk, a long reduction over nb*OH*OW whose small
-result is added up (NumPy's matmul cannot accumulate into its output). It is computed
-transposed, ``cols @ g.T``: OpenBLAS runs that orientation 10-20% faster here.
-On CuPy and under ``NUMBA_DISABLE_JIT=1`` the whole batch is one chunk (the NumPy
-references unfold it in one vectorised copy).
+result is added up (NumPy's matmul cannot accumulate into its output), in chunk order.
+It is computed transposed, ``cols @ g.T``: OpenBLAS runs that orientation 10-20%
+faster here. On CuPy and under ``NUMBA_DISABLE_JIT=1`` the whole batch is one chunk
+(the NumPy references unfold it in one vectorised copy).
+
+With several threads per rank, each thread takes a contiguous part of the batch and
+runs the chunk loop above on it with one-thread GEMMs (:mod:`minidp.kernels.threaded`):
+the loops here are written as the work of one chunk, ``chunk(thread, lo, hi)``, which
+a :class:`~minidp.kernels.threaded.Plan` runs; each thread has its own buffers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from minidp.autograd.function import Function
 from minidp.autograd.ops import rowtap, winograd
 from minidp.backend import array_module
 from minidp.kernels import col2im, im2col, output_size, use_kernels
-
-# Columns (or Winograd tiles) of one chunk, in bytes. A ResNet-20 step was fastest
-# with 1-4 MB here (within L3; a smaller chunk stays in L2 but pays the per-chunk
-# Python and BLAS-call overhead more often, a whole batch goes out to memory).
-CHUNK_BYTES = 1 << 21
+from minidp.kernels.threaded import Plan, fold
 
 
 def _pair_to_int(value: Any, name: str) -> int:
@@ -80,12 +80,9 @@ def check_conv_args(x: Any, w: Any, b: Any, stride: int, padding: int) -> None:
                          f"({h}, {wd})")
 
 
-def chunks(a: Any, bytes_per_sample: int) -> Iterator[tuple[int, int]]:
-    """(lo, hi) bounds of the samples of ``a`` unfolded together (all of them off the kernels)."""
-    n = a.shape[0]
-    step = max(1, min(n, CHUNK_BYTES // max(1, bytes_per_sample))) if use_kernels(a) else n
-    for lo in range(0, n, step):
-        yield lo, min(n, lo + step)
+def plan(a: Any, bytes_per_sample: int) -> Plan:
+    """The chunks of the batch ``a`` and the threads that run them (one chunk off the kernels)."""
+    return Plan(a.shape[0], bytes_per_sample, chunked=use_kernels(a))
 
 
 def per_sample(cols: Any, n: int) -> Any:
@@ -99,20 +96,15 @@ def by_channel(a: Any) -> Any:
     return array_module(a).ascontiguousarray(a.transpose(1, 0, 2)).reshape(c, n * length)
 
 
-def _accumulate(total: Any, part: Any) -> Any:
-    """The running sum of a chunk loop: ``part`` first, then ``total += part`` in place."""
-    if total is None:
-        return part
-    total += part
-    return total
-
-
 class Unfolder:
-    """im2col of chunks of one batch into one reused buffer.
+    """im2col of chunks of one batch, each thread's into a buffer of its own that it reuses.
 
     Args:
         a: the batch (N, C, H, W), C-contiguous.
         kh, kw, stride, ph, pw: the window's geometry.
+
+    Attributes:
+        plan: the chunks and the threads that unfold them.
     """
 
     def __init__(self, a: Any, kh: int, kw: int, stride: int, ph: int, pw: int) -> None:
@@ -120,16 +112,18 @@ class Unfolder:
         self.a, self.geometry = a, (kh, kw, stride, ph, pw)
         self.rows = c * kh * kw
         self.size = output_size(h, kh, stride, ph) * output_size(w, kw, stride, pw)
-        self.bounds = list(chunks(a, self.rows * self.size * a.dtype.itemsize))
-        step = self.bounds[0][1]
-        self.buffer = (array_module(a).empty(self.rows * step * self.size, dtype=a.dtype)
-                       if len(self.bounds) > 1 else None)
+        self.plan = plan(a, self.rows * self.size * a.dtype.itemsize)
+        count = self.rows * self.plan.largest * self.size
+        self.buffers = ([array_module(a).empty(count, dtype=a.dtype)
+                         for _ in range(self.plan.threads)]
+                        if len(self.plan.bounds) > 1 else None)
 
-    def columns(self, lo: int, hi: int) -> Any:
-        """Columns (C*kh*kw, (hi-lo)*OH*OW) of samples lo..hi."""
+    def columns(self, thread: int, lo: int, hi: int) -> Any:
+        """Columns (C*kh*kw, (hi-lo)*OH*OW) of samples lo..hi, in ``thread``'s buffer."""
         out = None
-        if self.buffer is not None:
-            out = self.buffer[:self.rows * (hi - lo) * self.size].reshape(self.rows, -1)
+        if self.buffers is not None:
+            buffer = self.buffers[thread]
+            out = buffer[:self.rows * (hi - lo) * self.size].reshape(self.rows, -1)
         return im2col(self.a[lo:hi], *self.geometry, out=out)
 
 
@@ -142,18 +136,21 @@ class Conv2d(Function):
         x = array_module(x, w).ascontiguousarray(x)
         f, _, kh, kw = w.shape
         self.x, self.w, self.geometry = x, w, (kh, kw, stride, padding)
+        # the bias (only the small CNNs have one) is added to each chunk's output while
+        # it is in cache: the bits of one add over the whole output afterwards
+        bias = None if b is None else b.reshape(f, 1, 1)
         if winograd.applies(x.shape, w.shape, stride, padding):
-            out, self.planes = winograd.forward(x, w, self._chunks(winograd))
+            self.plan = self._plan(winograd)
+            out, self.planes = winograd.forward(x, w, bias, self.plan)
         elif rowtap.applies(x.shape, w.shape, stride, padding):
-            out = rowtap.forward(x, w, self._chunks(rowtap))
+            self.plan = self._plan(rowtap)
+            out = rowtap.forward(x, w, bias, self.plan)
         else:
-            out = self._forward_unfolded(x, w)
-        if b is not None:  # one pass after the GEMMs; only the small CNNs have biases
-            out += b.reshape(f, 1, 1)
+            out = self._forward_unfolded(x, w, bias)
         return out
 
-    def _forward_unfolded(self, x: Any, w: Any) -> Any:
-        """im2col + GEMM, chunk by chunk."""
+    def _forward_unfolded(self, x: Any, w: Any, bias: Any) -> Any:
+        """im2col + GEMM (+ bias), chunk by chunk."""
         xp = array_module(x, w)
         n, _, h, wd = x.shape
         f, _, kh, kw = w.shape
@@ -163,8 +160,13 @@ class Conv2d(Function):
         out3 = out.reshape(n, f, oh * ow)
         w2 = w.reshape(f, -1)
         unfold = Unfolder(x, kh, kw, stride, padding, padding)
-        for lo, hi in unfold.bounds:
-            xp.matmul(w2, per_sample(unfold.columns(lo, hi), hi - lo), out=out3[lo:hi])
+
+        def chunk(thread: int, lo: int, hi: int) -> None:
+            xp.matmul(w2, per_sample(unfold.columns(thread, lo, hi), hi - lo), out=out3[lo:hi])
+            if bias is not None:
+                out[lo:hi] += bias
+
+        unfold.plan.run(chunk)
         return out
 
     def backward(self, g: Any) -> tuple:
@@ -173,11 +175,11 @@ class Conv2d(Function):
         kh, kw, stride, padding = self.geometry
         gb = g.sum(axis=(0, 2, 3)) if self.wants(2) else None
         if winograd.applies(self.x.shape, self.w.shape, stride, padding):
-            gx, gw = winograd.backward(g, self.x, self.w, self._chunks(winograd),
-                                       self.planes, self.wants(0), self.wants(1))
+            gx, gw = winograd.backward(g, self.x, self.w, self.plan, self.planes,
+                                       self.wants(0), self.wants(1))
             return gx, gw, gb
         if rowtap.applies(self.x.shape, self.w.shape, stride, padding):
-            gx, gw = rowtap.backward(g, self.x, self.w, self._chunks(rowtap), self.wants(0),
+            gx, gw = rowtap.backward(g, self.x, self.w, self.plan, self.wants(0),
                                      self.wants(1))
             return gx, gw, gb
         transposable = (stride == 1 and kh - 1 <= 2 * padding and kw - 1 <= 2 * padding
@@ -188,10 +190,14 @@ class Conv2d(Function):
             gx, gw = self._backward_unfolded(g)
         return gx, gw, gb
 
-    def _chunks(self, engine: Any) -> list:
-        """Chunk bounds for the Winograd or row-tap engine (module), from its bytes per sample."""
+    def _plan(self, engine: Any) -> Plan:
+        """The chunks of the Winograd or row-tap engine (module), from its bytes per sample.
+
+        The forward pass keeps it for the backward pass, whose chunks must be the same:
+        Winograd's backward reads the transformed input chunks that the forward kept.
+        """
         per_sample = engine.bytes_per_sample(self.x.shape, self.w.shape, self.x.dtype.itemsize)
-        return list(chunks(self.x, per_sample))
+        return plan(self.x, per_sample)
 
     def _backward_transposed(self, g: Any) -> tuple:
         """The input gradient as conv(g, flipped W^T, padding k-1-p); dW from the same columns."""
@@ -204,15 +210,17 @@ class Conv2d(Function):
         gx = xp.empty(self.x.shape, dtype=g.dtype)
         gx3, x3 = gx.reshape(n, c, h * w), self.x.reshape(n, c, h * w)
         unfold = Unfolder(g, kh, kw, 1, kh - 1 - p, kw - 1 - p)
-        gw = None
-        for lo, hi in unfold.bounds:
-            cols = unfold.columns(lo, hi)  # (F*kh*kw, nb*H*W)
+
+        def chunk(thread: int, lo: int, hi: int) -> Any:
+            cols = unfold.columns(thread, lo, hi)  # (F*kh*kw, nb*H*W)
             xp.matmul(wt, per_sample(cols, hi - lo), out=gx3[lo:hi])
-            if self.wants(1):
-                part = cols @ by_channel(x3[lo:hi]).T  # (F*kh*kw, C)
-                gw = _accumulate(gw, part)
-        if gw is not None:  # (F, kh, kw, C) with the taps flipped
-            gw = xp.ascontiguousarray(gw.reshape(f, kh, kw, c)[:, ::-1, ::-1].transpose(0, 3, 1, 2))
+            return cols @ by_channel(x3[lo:hi]).T if self.wants(1) else None  # (F*kh*kw, C)
+
+        parts = unfold.plan.run(chunk)
+        gw = None
+        if self.wants(1):  # (F, kh, kw, C) with the taps flipped
+            gw = fold(parts).reshape(f, kh, kw, c)
+            gw = xp.ascontiguousarray(gw[:, ::-1, ::-1].transpose(0, 3, 1, 2))
         return gx, gw
 
     def _backward_unfolded(self, g: Any) -> tuple:
@@ -223,12 +231,15 @@ class Conv2d(Function):
         g3, w2 = g.reshape(n, f, oh * ow), self.w.reshape(f, -1)
         unfold = Unfolder(self.x, kh, kw, stride, p, p)
         gx = xp.empty(self.x.shape, dtype=g.dtype) if self.wants(0) else None
-        gw = None
-        for lo, hi in unfold.bounds:
+
+        def chunk(thread: int, lo: int, hi: int) -> Any:
             g2 = by_channel(g3[lo:hi])  # (F, nb*OH*OW)
-            if self.wants(1):
-                part = unfold.columns(lo, hi) @ g2.T  # (C*kh*kw, F)
-                gw = _accumulate(gw, part)
+            part = unfold.columns(thread, lo, hi) @ g2.T if self.wants(1) else None  # (C*kh*kw, F)
             if self.wants(0):
                 col2im(w2.T @ g2, gx[lo:hi], kh, kw, stride, p, p)
-        return gx, None if gw is None else xp.ascontiguousarray(gw.T).reshape(self.w.shape)
+            return part
+
+        parts = unfold.plan.run(chunk)
+        if not self.wants(1):
+            return gx, None
+        return gx, xp.ascontiguousarray(fold(parts).T).reshape(self.w.shape)

@@ -12,7 +12,7 @@ from typing import Any
 
 from minidp.autograd.function import Function, unbroadcast
 from minidp.backend import array_module
-from minidp.kernels import relu_backward
+from minidp.kernels import relu_backward, relu_forward
 
 
 def _shape(a: Any) -> tuple:
@@ -119,11 +119,11 @@ class Log(Function):
 
 
 class ReLU(Function):
-    """max(a, 0); backward through the fused Numba kernel."""
+    """max(a, 0), forward and backward through the Numba kernels (on the rank's threads)."""
 
     def forward(self, a: Any) -> Any:
         self.a = a
-        return array_module(a).maximum(a, 0)
+        return relu_forward(a)
 
     def backward(self, g: Any) -> tuple:
         return (relu_backward(g, self.a),)

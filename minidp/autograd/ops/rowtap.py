@@ -10,7 +10,9 @@ faster in BLAS, on a third of the copying; a shifted sum adds the k row taps::
     backward: dx  = sum_taps(W3' @ rows(g))      (W' the flipped, transposed kernel)
               dW' = rows(g) @ row_shifts(x).T    (W' again: taps reversed)
 
-One ``rows(g)`` per chunk serves both gradients. Off the kernels (CuPy,
+One ``rows(g)`` per chunk serves both gradients, whose chunk sums are added in chunk
+order. With several threads each runs its own chunks (a
+:class:`~minidp.kernels.threaded.Plan`), with buffers of its own. Off the kernels (CuPy,
 ``NUMBA_DISABLE_JIT=1``) the whole batch is one chunk of NumPy/CuPy references.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 from minidp.backend import array_module
 from minidp.kernels.jit import use_kernels
 from minidp.kernels.taps import row_shifts, sum_taps, tap_rows
+from minidp.kernels.threaded import Plan, fold
 
 # From this many input channels on; below (the first layer's 3) the (k*F, k*C) product
 # is too thin for BLAS and im2col's (F, C*k*k) one is faster.
@@ -42,13 +45,12 @@ def bytes_per_sample(x_shape: tuple, w_shape: tuple, itemsize: int) -> int:
 
 
 class _Buffers:
-    """Reused flat arrays for the chunks of one batch (None off the kernels)."""
+    """Reused flat arrays for one thread's chunks of a batch (None off the kernels)."""
 
-    def __init__(self, a: Any, rows: tuple, bounds: list, columns_per_sample: int) -> None:
-        step = bounds[0][1] - bounds[0][0]
+    def __init__(self, a: Any, rows: tuple, plan: Plan, columns_per_sample: int) -> None:
         self.rows, self.per_sample = rows, columns_per_sample
-        self.flat = ([array_module(a).empty(r * step * columns_per_sample, dtype=a.dtype)
-                      for r in rows] if use_kernels(a) and len(bounds) > 1 else None)
+        self.flat = ([array_module(a).empty(r * plan.largest * columns_per_sample, dtype=a.dtype)
+                      for r in rows] if use_kernels(a) and len(plan.bounds) > 1 else None)
 
     def get(self, i: int, lo: int, hi: int) -> Any:
         """Array i as a contiguous (rows[i], columns of samples lo..hi), or None."""
@@ -58,21 +60,27 @@ class _Buffers:
         return self.flat[i][:rows * (hi - lo) * self.per_sample].reshape(rows, -1)
 
 
-def forward(x: Any, w: Any, bounds: list) -> Any:
-    """The convolution of x (N, C, H, W) with w (F, C, k, k), padding (k-1)/2."""
+def forward(x: Any, w: Any, bias: Any, plan: Plan) -> Any:
+    """The convolution of x (N, C, H, W) with w (F, C, k, k), padding (k-1)/2 (+ bias)."""
     xp = array_module(x, w)
     n, c, h, wd = x.shape
     f, k = w.shape[0], w.shape[2]
     w3 = xp.ascontiguousarray(w.transpose(2, 0, 1, 3)).reshape(k * f, c * k)  # (i,f), (c,j)
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
-    buffers = _Buffers(x, (c * k, k * f), bounds, (h + k - 1) * wd)
-    for lo, hi in bounds:
-        rows = tap_rows(x[lo:hi], k, out=buffers.get(0, lo, hi))
-        sum_taps(xp.matmul(w3, rows, out=buffers.get(1, lo, hi)), k, out[lo:hi])
+    buffers = [_Buffers(x, (c * k, k * f), plan, (h + k - 1) * wd) for _ in range(plan.threads)]
+
+    def chunk(thread: int, lo: int, hi: int) -> None:
+        mine = buffers[thread]
+        rows = tap_rows(x[lo:hi], k, out=mine.get(0, lo, hi))
+        sum_taps(xp.matmul(w3, rows, out=mine.get(1, lo, hi)), k, out[lo:hi])
+        if bias is not None:
+            out[lo:hi] += bias
+
+    plan.run(chunk)
     return out
 
 
-def backward(g: Any, x: Any, w: Any, bounds: list, want_x: bool, want_w: bool) -> tuple:
+def backward(g: Any, x: Any, w: Any, plan: Plan, want_x: bool, want_w: bool) -> tuple:
     """Gradients (dx, dw) of :func:`forward` for the output gradient g; None where unwanted."""
     xp = array_module(g)
     _, c, h, wd = x.shape
@@ -80,17 +88,21 @@ def backward(g: Any, x: Any, w: Any, bounds: list, want_x: bool, want_w: bool) -
     flipped = w[:, :, ::-1, ::-1]
     w3t = xp.ascontiguousarray(flipped.transpose(2, 1, 0, 3)).reshape(k * c, f * k)
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
-    buffers = _Buffers(g, (f * k, k * c), bounds, (h + k - 1) * wd)
-    dwf = None
-    for lo, hi in bounds:
-        rows = tap_rows(g[lo:hi], k, out=buffers.get(0, lo, hi))  # (F*k, nb*Hp*W)
+    buffers = [_Buffers(g, (f * k, k * c), plan, (h + k - 1) * wd) for _ in range(plan.threads)]
+
+    def chunk(thread: int, lo: int, hi: int) -> Any:
+        mine = buffers[thread]
+        rows = tap_rows(g[lo:hi], k, out=mine.get(0, lo, hi))  # (F*k, nb*Hp*W)
         if want_x:
-            sum_taps(xp.matmul(w3t, rows, out=buffers.get(1, lo, hi)), k, gx[lo:hi])
-        if want_w:
-            # the product's buffer is free again: it takes the shifted copies of x
-            part = rows @ row_shifts(x[lo:hi], k, out=buffers.get(1, lo, hi)).T  # (f,j'),(i',c)
-            dwf = part if dwf is None else dwf + part
+            sum_taps(xp.matmul(w3t, rows, out=mine.get(1, lo, hi)), k, gx[lo:hi])
+        if not want_w:
+            return None
+        # the product's buffer is free again: it takes the shifted copies of x
+        return rows @ row_shifts(x[lo:hi], k, out=mine.get(1, lo, hi)).T  # (f,j'),(i',c)
+
+    parts = plan.run(chunk)
     gw = None
     if want_w:
-        gw = xp.ascontiguousarray(dwf.reshape(f, k, k, c)[:, ::-1, ::-1].transpose(0, 3, 2, 1))
+        gw = fold(parts).reshape(f, k, k, c)
+        gw = xp.ascontiguousarray(gw[:, ::-1, ::-1].transpose(0, 3, 2, 1))
     return gx, gw

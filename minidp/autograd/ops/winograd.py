@@ -3,19 +3,20 @@
 ResNet-20 and the CIFAR CNN spend most of a training step in such convolutions. The
 transforms of :mod:`minidp.kernels.winograd` turn each one into 16 GEMMs of
 (F, C) @ (C, tiles), 2.25 times fewer multiply-adds than im2col + GEMM, and the
-transformed tiles of a chunk of samples (:func:`minidp.autograd.ops.conv.chunks`) stay in
-cache between the transform and the GEMM::
+transformed tiles of a chunk of samples (a :class:`~minidp.kernels.threaded.Plan`'s,
+made by :func:`minidp.autograd.ops.conv.plan`) stay in cache between the transform and
+the GEMM::
 
     U = G w G^T                               (16, F, C), once per call
-    per chunk:  V = B^T x B   M = U @ V   out = A^T M A       (V kept for backward)
+    per chunk:  V = B^T x B   M = U @ V   out = A^T M A (+ bias)   (V kept for backward)
 
     backward, per chunk:
-    dM = A g A^T;   dx = B (U^T @ dM) B^T;   dU += V @ dM^T
+    dM = A g A^T;   dx = B (U^T @ dM) B^T;   dU += V @ dM^T   (in chunk order)
     dw = G^T dU G
 
-NumPy's stacked ``matmul`` runs the 16 products of a chunk in one call. Off the
-kernels (CuPy, ``NUMBA_DISABLE_JIT=1``) the transforms are NumPy/CuPy einsums over
-the whole batch.
+NumPy's stacked ``matmul`` runs the 16 products of a chunk in one call. With several
+threads each runs its own chunks, with buffers of its own. Off the kernels (CuPy,
+``NUMBA_DISABLE_JIT=1``) the transforms are NumPy/CuPy einsums over the whole batch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from minidp.backend import array_module
 from minidp.kernels.jit import use_kernels
+from minidp.kernels.threaded import Plan, fold
 from minidp.kernels.winograd import (
     G,
     input_grad,
@@ -53,11 +55,12 @@ def bytes_per_sample(x_shape: tuple, w_shape: tuple, itemsize: int) -> int:
     return 16 * (x_shape[1] + w_shape[0]) * th * tw * itemsize
 
 
-def _buffer(a: Any, channels: int, bounds: list, per_sample: int) -> Any:
-    """One plane buffer that every chunk of the batch reuses (None off the kernels)."""
+def _buffers(a: Any, channels: int, plan: Plan, per_sample: int) -> list:
+    """A plane buffer per thread, which its chunks reuse (Nones off the kernels)."""
     if not use_kernels(a):
-        return None
-    return plane_buffer(channels, (bounds[0][1] - bounds[0][0]) * per_sample, a.dtype)
+        return [None] * plan.threads
+    return [plane_buffer(channels, plan.largest * per_sample, a.dtype)
+            for _ in range(plan.threads)]
 
 
 def _weight_transform(w: Any) -> Any:
@@ -95,11 +98,12 @@ def _product(a: Any, v: Any, v_channels: int, out_channels: int, count: int,
     return buffer
 
 
-def forward(x: Any, w: Any, bounds: list) -> tuple:
+def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
     """The convolution of x (N, C, H, W) with w (F, C, 3, 3), padding 1: (N, F, H, W).
 
-    Returns the output and the transformed input of every chunk, which the weight
-    gradient needs again (4 times x's size; keeping it costs less than recomputing).
+    ``bias`` is None or (F, 1, 1). Returns the output and the transformed input of every
+    chunk (in chunk order), which the weight gradient needs again (4 times x's size;
+    keeping it costs less than recomputing).
     """
     xp = array_module(x, w)
     n, c, h, wd = x.shape
@@ -107,20 +111,25 @@ def forward(x: Any, w: Any, bounds: list) -> tuple:
     th, tw = tiles(h, wd)
     u = _weight_transform(w)
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
-    m_buffer = _buffer(x, f, bounds, th * tw)
-    inputs = []
-    for lo, hi in bounds:
+    m_buffers = _buffers(x, f, plan, th * tw)
+
+    def chunk(thread: int, lo: int, hi: int) -> Any:
         v = input_transform(x[lo:hi])  # (16, C, T) planes
-        output_transform(_product(u, v, c, f, (hi - lo) * th * tw, m_buffer), out[lo:hi])
-        inputs.append(v)
-    return out, inputs
+        m = _product(u, v, c, f, (hi - lo) * th * tw, m_buffers[thread])
+        output_transform(m, out[lo:hi])
+        if bias is not None:
+            out[lo:hi] += bias
+        return v
+
+    return out, plan.run(chunk)
 
 
-def backward(g: Any, x: Any, w: Any, bounds: list, inputs: list, want_x: bool,
+def backward(g: Any, x: Any, w: Any, plan: Plan, inputs: list, want_x: bool,
              want_w: bool) -> tuple:
     """Gradients (dx, dw) of :func:`forward` for the output gradient g; None where unwanted.
 
-    ``inputs`` are the transformed input chunks that :func:`forward` returned.
+    ``inputs`` are the transformed input chunks that :func:`forward` returned for the
+    same ``plan``.
     """
     xp = array_module(g)
     _, c, h, wd = x.shape
@@ -128,14 +137,17 @@ def backward(g: Any, x: Any, w: Any, bounds: list, inputs: list, want_x: bool,
     th, tw = tiles(h, wd)
     ut = _weight_transform(w).transpose(0, 2, 1)  # (16, C, F)
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
-    dm_buffer, dv_buffer = _buffer(g, f, bounds, th * tw), _buffer(g, c, bounds, th * tw)
-    du = None
-    for (lo, hi), v in zip(bounds, inputs):
-        count = (hi - lo) * th * tw
-        dm = output_grad(g[lo:hi], out=dm_buffer)
+    dm_buffers, dv_buffers = _buffers(g, f, plan, th * tw), _buffers(g, c, plan, th * tw)
+    first = {lo: k for k, (lo, _) in enumerate(plan.bounds)}  # a chunk's index in inputs
+
+    def chunk(thread: int, lo: int, hi: int) -> Any:
+        count, v = (hi - lo) * th * tw, inputs[first[lo]]
+        dm = output_grad(g[lo:hi], out=dm_buffers[thread])
         if want_x:
-            input_grad(_product(ut, dm, f, c, count, dv_buffer), gx[lo:hi])
-        if want_w:
-            part = xp.matmul(planes(v, c, count), planes(dm, f, count).transpose(0, 2, 1))
-            du = part if du is None else du + part  # (16, C, F): small
-    return gx, _weight_grad(du) if want_w else None
+            input_grad(_product(ut, dm, f, c, count, dv_buffers[thread]), gx[lo:hi])
+        if want_w:  # (16, C, F): small
+            return xp.matmul(planes(v, c, count), planes(dm, f, count).transpose(0, 2, 1))
+        return None
+
+    parts = plan.run(chunk)
+    return gx, _weight_grad(fold(parts)) if want_w else None

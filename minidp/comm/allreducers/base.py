@@ -1,27 +1,29 @@
-"""What every allreduce algorithm is made of: a request, and the waits its steps yield.
+"""What every allreduce algorithm is made of: a request, and the waits its rounds yield.
 
 An algorithm is a small subclass of :class:`AllreduceRequest` (ChainerMN's pattern: one
-class per algorithm over one base). Its :meth:`~AllreduceRequest.communicate` is a
-generator: it does the work it can do now and yields a :class:`Waiting` for each
-request it cannot go on without (a collective's ``Iallreduce``, a ring step's receive);
-its :meth:`~AllreduceRequest.finish` is what needs every rank of the node after the
-communication (the last shared-memory sync). The base drives the two::
+class per algorithm over one base) whose :meth:`~AllreduceRequest.rounds` is the whole
+algorithm, from the buffer to the result (the mean included), written as a generator:
+it does the work it can do now and yields a :class:`Waiting` for each request it
+cannot go on without (a collective's ``Iallreduce``, a ring step's receive), and
+:data:`IN_WAIT` before a last part that needs every rank of the node (the final
+shared-memory sync). The base drives it::
 
-    start    (creating the request) run communicate() up to its first Waiting
-    test()   while the Waiting at hand has completed, run on to the next; never finish()
-    wait()   complete every Waiting under the guard, then finish(), then the mean
+    start    (creating the request) run rounds() up to its first Waiting
+    test()   while the Waiting at hand has completed, run on to the next; stop at IN_WAIT
+    wait()   complete every Waiting under the guard, then run what follows IN_WAIT
 
 so the blocking ``allreduce`` is a request started and at once waited on,
 ``Algorithm(...).wait()``, and the non-blocking one is the same code with the caller's
-computation between the two.
+computation between the two. The flat algorithms share one opening and the mean
+(:class:`FlatAllreduce`): their files hold only their exchanges.
 
 Accounting: a blocking operation is charged phase by phase as it runs (``comm_intra`` /
 ``comm_inter``, :func:`~minidp.comm.network.charged`). A started one counts its
 background part (:meth:`~AllreduceRequest.communication`) when it starts, as a
 :class:`~minidp.comm.network.Pending` whose modelled time runs from there, and
 ``wait()`` times what is left under the phase ``wait`` and sleeps the model's
-remainder. Phases done at the start or in ``finish()`` (the node's shared-memory work)
-are charged as they run in both forms.
+remainder. Phases done at the start or after ``IN_WAIT`` (the node's shared-memory
+work) are charged as they run in both forms.
 """
 
 from __future__ import annotations
@@ -137,15 +139,28 @@ def exchange(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, sour
 _UNTIMED = contextlib.nullcontext()  # a blocking operation's wait: its phases time it
 
 
+class _InWait:
+    """The marker a round yields before the part only ``wait()`` may run."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "IN_WAIT"
+
+
+IN_WAIT = _InWait()  # what follows needs every rank of the node: run by wait(), not test()
+Round = Waiting | _InWait  # what an algorithm's rounds() yields
+
+
 class AllreduceRequest(abc.ABC):
     """An allreduce in progress on this rank: ``test()`` progresses it, ``wait()`` ends it.
 
-    Each algorithm is a subclass. Creating one starts it: its communication runs up to
-    the first request it must wait for. ``wait()`` completes the rest under the guard
+    Each algorithm is a subclass. Creating one starts it: its rounds run up to the
+    first request they must wait for. ``wait()`` completes the rest under the guard
     (timed under the phase ``wait`` when started, sleeping what is left of the network
-    model's time, counted from the start), runs the algorithm's finish (for the
+    model's time, counted from the start), runs what follows :data:`IN_WAIT` (for the
     hierarchical ones a node-wide sync, so every rank of the node must call ``wait()``),
-    divides by the number of ranks for a mean, and returns the reduced array.
+    and returns the reduced array.
 
     Args:
         buffer: what is reduced in place (a NodeBuffer: in its window, where the
@@ -159,28 +174,32 @@ class AllreduceRequest(abc.ABC):
 
     name: ClassVar[str]
     waits_as = "wait"  # the phase of a started form's wait()
-    divided = False  # set by an algorithm that made the mean itself (no pass at the end)
 
     def __init__(self, buffer: Buffer, topology: Topology, started: bool, op: str = "sum",
                  check_finite: bool = False) -> None:
         self.buffer, self.array = buffer, as_array(buffer)
         self.topology, self.started = topology, started
         self.op, self.check_finite = op, check_finite
-        self.ranks = topology.size  # how many ranks' buffers the sum adds (a mean's divisor)
         self.pending: Pending | None = None  # the started form's background part
         self.done = False
-        self._steps = self.communicate()
-        self._waiting: Waiting | None = next(self._steps, None)
+        self._steps = self.rounds()
+        self._waiting: Round | None = next(self._steps, None)
 
     @abc.abstractmethod
-    def communicate(self) -> Iterator[Waiting]:
-        """Do the work that can be done now; yield each request the rest depends on."""
+    def rounds(self) -> Iterator[Round]:
+        """The algorithm: yield each request the rest depends on, IN_WAIT before the end.
 
-    def finish(self) -> None:
-        """What needs every rank of the node once the communication is over (wait() only).
-
-        Most algorithms have nothing left to do here.
+        Leaves the result (the sum, or for a mean the sum divided: :meth:`to_mean`) in
+        the buffer.
         """
+
+    def to_mean(self, total: np.ndarray, count: int) -> None:
+        """A mean: ``total`` (a sum over ``count`` ranks) divided by them, in place.
+
+        Nothing for a sum, or for one rank.
+        """
+        if self.op == "mean" and count > 1:
+            total /= count
 
     def communication(self, level: str, operation: str, started_operation: str,
                       messages: int, nbytes: float, counted: str | None = None
@@ -200,9 +219,9 @@ class AllreduceRequest(abc.ABC):
 
     def test(self) -> bool:
         """Progress the communication; True once it has completed (then call wait())."""
-        while self._waiting is not None and self._waiting.done():
+        while isinstance(self._waiting, Waiting) and self._waiting.done():
             self._waiting = next(self._steps, None)
-        return self._waiting is None
+        return not isinstance(self._waiting, Waiting)
 
     def wait(self) -> np.ndarray:
         """Block until complete and finish the reduction (idempotent); returns the array."""
@@ -210,17 +229,19 @@ class AllreduceRequest(abc.ABC):
             return self.array
         try:
             with self.pending.waiting() if self.pending is not None else _UNTIMED:
-                while self._waiting is not None:
+                while isinstance(self._waiting, Waiting):
                     self._waiting.wait()
                     self._waiting = next(self._steps, None)
+            if self._waiting is IN_WAIT:
+                self._waiting = next(self._steps, None)
+            if self._waiting is not None:
+                raise RuntimeError(f"{self.name}: rounds() yielded {self._waiting!r} after "
+                                   "IN_WAIT; every wait must come before it")
         except BaseException:
             # Close the algorithm's open phases now, not whenever it is collected.
             self._steps.close()
             raise
-        self.finish()
         array = self.array
-        if self.op == "mean" and self.ranks > 1 and not self.divided:
-            array /= self.ranks
         if self.check_finite and not np.all(np.isfinite(array)):
             bad = int(np.flatnonzero(~np.isfinite(array))[0])
             raise FloatingPointError(f"rank {self.topology.rank}: allreduce result is not "
@@ -232,10 +253,11 @@ class AllreduceRequest(abc.ABC):
 class FlatAllreduce(AllreduceRequest):
     """An algorithm over the world's ranks as one group, charged as a whole.
 
-    Its level is the world's (``inter`` once the world spans nodes), its cost what one
-    rank sends (:meth:`traffic`); the blocking form is charged as ``name``, the started
-    one as ``started_name``. A subclass writes its messages in ``communicate()`` inside
-    ``with self.whole():``.
+    The opening and the end every flat algorithm shares are here: nothing to exchange
+    with one rank or an empty buffer; the sum divided by p for a mean. A subclass writes
+    only :meth:`exchanges`. Its level is the world's (``inter`` once the world spans
+    nodes), its cost what one rank sends (:meth:`traffic`); the blocking form is charged
+    as ``name``, the started one as ``started_name``.
     """
 
     started_name: ClassVar[str]
@@ -245,12 +267,22 @@ class FlatAllreduce(AllreduceRequest):
     def traffic(ranks: int, nbytes: int) -> tuple[int, float]:
         """(messages, bytes) one rank sends for a buffer of ``nbytes`` over ``ranks``."""
 
-    def whole(self) -> contextlib.AbstractContextManager[None]:
-        """The whole exchange as one charged operation at the world's level."""
-        return self.communication("inter" if self.topology.num_nodes > 1 else "intra",
-                                  self.name, self.started_name,
-                                  *self.traffic(self.topology.size, self.array.nbytes),
-                                  self.counted())
+    @abc.abstractmethod
+    def exchanges(self, buf: np.ndarray, comm: MPI.Comm, p: int, r: int) -> Iterator[Waiting]:
+        """The algorithm's messages among the p ranks of ``comm`` (this one is r).
+
+        They leave the sum of every rank's ``buf`` in ``buf``, on every rank; p >= 2.
+        """
+
+    def rounds(self) -> Iterator[Waiting]:
+        """The world's sum by :meth:`exchanges`, one charged operation; a mean divides it."""
+        t, buf = self.topology, self.array
+        with self.communication("inter" if t.num_nodes > 1 else "intra", self.name,
+                                self.started_name, *self.traffic(t.size, buf.nbytes),
+                                self.counted()):
+            if t.size > 1 and buf.size:
+                yield from self.exchanges(buf, t.world, t.size, t.rank)
+        self.to_mean(buf, t.size)
 
     def counted(self) -> str | None:
         """The counter of its bytes when not the level's (None: the level's)."""

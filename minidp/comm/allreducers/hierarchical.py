@@ -17,8 +17,10 @@ import numpy as np
 from mpi4py import MPI
 
 from minidp.comm.allreducers.base import (
+    IN_WAIT,
     AllreduceRequest,
     Buffer,
+    Round,
     Waiting,
     as_array,
     chunk_bounds,
@@ -27,10 +29,7 @@ from minidp.comm.allreducers.base import (
 )
 from minidp.comm.network import charged, ring_traffic
 from minidp.comm.topology import Topology
-
-# Elements per block of the slice reduction: a block of every row stays in L2 while
-# it is summed and copied back, so the window is streamed through memory once.
-_BLOCK = 1 << 15
+from minidp.kernels.reduce import node_sum
 
 
 class NodeSlices:
@@ -50,38 +49,27 @@ class NodeSlices:
         b = chunk_bounds(self.array.size, topology.local_size)
         self.mine = slice(b[topology.local_rank], b[topology.local_rank + 1])
 
-    def sum_slice(self, broadcast: bool, divisor: int = 1) -> np.ndarray:
+    def sum_slice(self, copy_back: bool = False, mean_over: int = 1) -> np.ndarray:
         """Sync, then sum this rank's slice over the segments into row 0; returns that part.
 
-        With ``broadcast`` (nothing left to do across nodes) each block of the sum is also
-        copied into the other rows while it is in cache; a ``divisor`` other than 1
-        divides each block by it first (a mean, in the bits of a division afterwards).
+        With ``copy_back`` (the sum is final: nothing to add across nodes) each block of
+        the sum is also copied into the other rows while it is in cache; ``mean_over``
+        other than 1 divides each block by it first (a mean, in the bits of a division
+        afterwards, without another pass over the slice).
         """
         self.shared.sync()
         whole, mine = self.shared.whole, self.mine
-        for start in range(mine.start, mine.stop, _BLOCK):
-            block = slice(start, min(start + _BLOCK, mine.stop))
-            acc = whole[0, block]
-            for row in whole[1:, block]:
-                acc += row
-            if divisor != 1:
-                acc /= divisor
-            if broadcast:
-                for row in whole[1:, block]:
-                    row[...] = acc
+        node_sum(whole, mine.start, mine.stop, mean_over, copy_back)  # in blocks, on the threads
         return whole[0, mine]
 
-    def finish(self, broadcast: bool, divisor: int = 1) -> None:
-        """Copy the finished slice into every row (unless done already); sync; read back.
+    def copy_back(self) -> None:
+        """Copy this rank's finished slice (in row 0) into every other row."""
+        whole = self.shared.whole
+        for row in whole[1:, self.mine]:
+            row[...] = whole[0, self.mine]
 
-        A ``divisor`` other than 1 divides the slice first (with ``broadcast`` only).
-        """
-        if broadcast:
-            whole = self.shared.whole
-            if divisor != 1:
-                whole[0, self.mine] /= divisor
-            for row in whole[1:, self.mine]:
-                row[...] = whole[0, self.mine]
+    def publish(self) -> None:
+        """Sync: every segment holds the whole result; a plain array reads its copy back."""
         self.shared.sync()
         if not self.zero_copy:
             self.array[...] = self.shared.segment
@@ -119,25 +107,26 @@ class RailAllreduce(AllreduceRequest):
                  waits_as: str = "wait") -> None:
         self.waits_as = waits_as
         super().__init__(buffer, topology, started, op)
-        self.ranks = topology.num_nodes  # one rank per node
 
-    def communicate(self) -> Iterator[Waiting]:
-        """One ``Iallreduce`` on the rail."""
-        return rail_communication(self, self.array)
+    def rounds(self) -> Iterator[Waiting]:
+        """One ``Iallreduce`` on the rail; a mean divides by the P nodes."""
+        yield from rail_communication(self, self.array)
+        self.to_mean(self.array, self.topology.num_nodes)
 
 
 class HierarchicalAllreduce(AllreduceRequest):
     """Every local rank reduces one slice; the rails reduce the slices in parallel.
 
-    Pattern::
+    Pattern (N ranks: P nodes of G)::
 
         1. every rank's buffer is (or is copied into) its segment of the node window; sync
         2. local rank k sums slice k (1/G of the buffer) over the G segments into
            segment 0, block by block
         3. rail k (``cross``) allreduces slice k across the nodes: G rails at once
-        4. local rank k copies slice k into every other segment (on one node, done
-           in step 2 while each block is in cache); sync; each rank has the sum
-           (a mean: slice k is divided before it is copied, or in step 2 on one node)
+        4. a mean: local rank k divides slice k by N; it copies slice k into every
+           other segment; sync; each rank has the result
+        On one node step 2's sum is already the whole sum: each block is divided (a
+        mean) and copied back while it is in cache, and step 4 is the sync alone.
 
     Steps 1-2 run at the start, step 3 in the background of a started form, step 4 in
     ``wait()`` (a node-wide sync: every rank of the node calls it). Charged per phase:
@@ -146,23 +135,19 @@ class HierarchicalAllreduce(AllreduceRequest):
     """
 
     name = "hierarchical"
-    slices: NodeSlices  # this rank's part of the node level, from step 1 to step 4
 
-    def communicate(self) -> Iterator[Waiting]:
-        """Steps 1-3 (on one node, a mean divides each block of step 2)."""
-        across = self.topology.num_nodes > 1
-        self.divided = self.op == "mean"  # step 2 or 4 divides the slice: one pass less
-        divisor = self.ranks if self.op == "mean" else 1
-        with charged("intra", "node_reduce", 0, node_bytes(self.array, self.topology)):
-            self.slices = NodeSlices(self.buffer, self.topology)
-            part = self.slices.sum_slice(broadcast=not across,
-                                         divisor=1 if across else divisor)
-        if part.size:
+    def rounds(self) -> Iterator[Round]:
+        """Steps 1-4."""
+        t, across = self.topology, self.topology.num_nodes > 1
+        whole_mean = t.size if self.op == "mean" and not across else 1
+        with charged("intra", "node_reduce", 0, node_bytes(self.array, t)):  # 1, 2
+            slices = NodeSlices(self.buffer, t)
+            part = slices.sum_slice(copy_back=not across, mean_over=whole_mean)
+        if part.size:  # 3
             yield from rail_communication(self, part)
-
-    def finish(self) -> None:
-        """Step 4 (a mean divides the slice first)."""
-        across = self.topology.num_nodes > 1
-        with charged("intra", "node_broadcast", 0, node_bytes(self.array, self.topology)):
-            self.slices.finish(broadcast=across,
-                               divisor=self.ranks if self.op == "mean" else 1)
+        yield IN_WAIT
+        with charged("intra", "node_broadcast", 0, node_bytes(self.array, t)):  # 4
+            if across:
+                self.to_mean(part, t.size)
+                slices.copy_back()
+            slices.publish()

@@ -13,9 +13,15 @@ from collections.abc import Iterator
 import numpy as np
 from mpi4py import MPI
 
-from minidp.comm.allreducers.base import AllreduceRequest, Waiting, node_bytes, node_window
+from minidp.comm.allreducers.base import (
+    IN_WAIT,
+    AllreduceRequest,
+    Round,
+    Waiting,
+    node_bytes,
+    node_window,
+)
 from minidp.comm.network import charged, ring_traffic
-from minidp.comm.shared import SharedArray
 
 
 def sum_rows(rows: np.ndarray, out: np.ndarray) -> None:
@@ -36,39 +42,34 @@ class HierarchicalLeaderAllreduce(AllreduceRequest):
         3. every rank reads its own segment
 
     Step 1 and the leader's sum run at the start, the leaders' ``Iallreduce`` in the
-    background of a started form, the rest in ``wait()`` (a node-wide sync). Charged:
-    ``node_reduce`` and ``node_broadcast`` intra, the leaders a ring over the P nodes on
-    the whole buffer.
+    background of a started form, the rest in ``wait()`` (a node-wide sync); a mean
+    divides every rank's result by the N ranks. Charged: ``node_reduce`` and
+    ``node_broadcast`` intra, the leaders a ring over the P nodes on the whole buffer.
     """
 
     name = "hierarchical_leader"
-    shared: SharedArray  # the node window the buffer is reduced in
-    zero_copy: bool  # whether that is the NodeBuffer's own window
-    total: np.ndarray  # the leader's sum of the node's segments
 
-    def communicate(self) -> Iterator[Waiting]:
-        """Step 1, then (leader) the sum and the leaders' allreduce of step 2."""
-        buf, topology = self.array, self.topology
-        with charged("intra", "node_reduce", 0, node_bytes(buf, topology)):
-            self.shared, self.zero_copy = node_window(self.buffer, topology)
-            self.shared.sync()
-        if not (topology.is_leader and buf.size):
-            return
-        self.total = topology.workspace.scratch(self.name, buf.size, buf.dtype)
-        sum_rows(self.shared.whole, self.total)
-        if topology.num_nodes > 1:
-            with self.communication(
-                    "inter", "leaders_allreduce", "leaders iallreduce",
-                    *ring_traffic(topology.num_nodes, buf.nbytes)):
-                request = topology.leaders.Iallreduce(MPI.IN_PLACE, self.total, op=MPI.SUM)
-                yield Waiting(request, topology.leaders,
-                              "leaders iallreduce" if self.started else "leaders allreduce")
-
-    def finish(self) -> None:
-        """The leader's write-back of step 2; sync; step 3."""
-        if self.topology.is_leader and self.array.size:
-            self.shared.whole[...] = self.total
-        with charged("intra", "node_broadcast", 0, node_bytes(self.array, self.topology)):
-            self.shared.sync()
-            if not self.zero_copy:
-                self.array[...] = self.shared.segment
+    def rounds(self) -> Iterator[Round]:
+        """Steps 1-3."""
+        buf, t = self.array, self.topology
+        with charged("intra", "node_reduce", 0, node_bytes(buf, t)):  # 1
+            shared, zero_copy = node_window(self.buffer, t)
+            shared.sync()
+        leads = t.is_leader and buf.size > 0
+        if leads:  # 2: the leader's sum, the leaders' allreduce
+            total = t.workspace.scratch(self.name, buf.size, buf.dtype)
+            sum_rows(shared.whole, total)
+            if t.num_nodes > 1:
+                with self.communication("inter", "leaders_allreduce", "leaders iallreduce",
+                                        *ring_traffic(t.num_nodes, buf.nbytes)):
+                    request = t.leaders.Iallreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+                    yield Waiting(request, t.leaders,
+                                  "leaders iallreduce" if self.started else "leaders allreduce")
+        yield IN_WAIT
+        if leads:  # 2: the leader writes the sum into every segment
+            shared.whole[...] = total
+        with charged("intra", "node_broadcast", 0, node_bytes(buf, t)):  # 3
+            shared.sync()
+            if not zero_copy:
+                buf[...] = shared.segment
+        self.to_mean(buf, t.size)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
+import numpy as np
 from mpi4py import MPI
 
 from minidp.comm.allreducers.base import FlatAllreduce, Waiting
@@ -43,9 +44,7 @@ class MPIAllreduce(FlatAllreduce):
             return "intra"
         return "inter" if max(per_node.values()) == 1 else "mpi"
 
-    def communicate(self) -> Iterator[Waiting]:
+    def exchanges(self, buf: np.ndarray, comm: MPI.Comm, p: int, r: int) -> Iterator[Waiting]:
         """One request: MPI's own."""
-        world = self.topology.world
-        with self.whole():
-            request = world.Iallreduce(MPI.IN_PLACE, self.array, op=MPI.SUM)
-            yield Waiting(request, world, self.started_name if self.started else "allreduce")
+        request = comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        yield Waiting(request, comm, self.started_name if self.started else "allreduce")

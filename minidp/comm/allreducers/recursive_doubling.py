@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+from mpi4py import MPI
+
 from minidp.comm.allreducers.base import TAG, FlatAllreduce, Waiting, exchange
 
 
@@ -38,35 +41,30 @@ class RecursiveDoublingAllreduce(FlatAllreduce):
     started_name = "recursive_doubling iallreduce"
     traffic = staticmethod(doubling_traffic)
 
-    def communicate(self) -> Iterator[Waiting]:
+    def exchanges(self, buf: np.ndarray, comm: MPI.Comm, p: int, r: int) -> Iterator[Waiting]:
         """The rounds, the buffer summed in place after each."""
-        with self.whole():
-            buf, topology = self.array, self.topology
-            comm, p, r = topology.world, topology.size, topology.rank
-            if p == 1 or buf.size == 0:
+        pof2 = 1 << (p.bit_length() - 1)
+        rem = p - pof2
+        tmp = self.topology.workspace.scratch(self.name, buf.size, buf.dtype)
+        label = "recursive doubling allreduce with rank {}".format
+        if r < 2 * rem:
+            if r % 2 == 0:
+                yield Waiting(comm.Isend(buf, dest=r + 1, tag=TAG + 2), comm, label(r + 1),
+                              r + 1)
+                yield Waiting(comm.Irecv(buf, source=r + 1, tag=TAG + 3), comm, label(r + 1),
+                              r + 1)
                 return
-            pof2 = 1 << (p.bit_length() - 1)
-            rem = p - pof2
-            tmp = topology.workspace.scratch(self.name, buf.size, buf.dtype)
-            label = "recursive doubling allreduce with rank {}".format
-            if r < 2 * rem:
-                if r % 2 == 0:
-                    yield Waiting(comm.Isend(buf, dest=r + 1, tag=TAG + 2), comm, label(r + 1),
-                                  r + 1)
-                    yield Waiting(comm.Irecv(buf, source=r + 1, tag=TAG + 3), comm, label(r + 1),
-                                  r + 1)
-                    return
-                yield Waiting(comm.Irecv(tmp, source=r - 1, tag=TAG + 2), comm, label(r - 1), r - 1)
-                buf += tmp
-                new_rank = r // 2
-            else:
-                new_rank = r - rem
-            mask = 1
-            while mask < pof2:
-                partner_new = new_rank ^ mask
-                partner = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
-                yield from exchange(comm, buf, partner, tmp, partner, TAG + 4, label(partner))
-                buf += tmp
-                mask <<= 1
-            if r < 2 * rem:
-                yield Waiting(comm.Isend(buf, dest=r - 1, tag=TAG + 3), comm, label(r - 1), r - 1)
+            yield Waiting(comm.Irecv(tmp, source=r - 1, tag=TAG + 2), comm, label(r - 1), r - 1)
+            buf += tmp
+            new_rank = r // 2
+        else:
+            new_rank = r - rem
+        mask = 1
+        while mask < pof2:
+            partner_new = new_rank ^ mask
+            partner = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
+            yield from exchange(comm, buf, partner, tmp, partner, TAG + 4, label(partner))
+            buf += tmp
+            mask <<= 1
+        if r < 2 * rem:
+            yield Waiting(comm.Isend(buf, dest=r - 1, tag=TAG + 3), comm, label(r - 1), r - 1)

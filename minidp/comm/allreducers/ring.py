@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+from mpi4py import MPI
+
 from minidp.comm.allreducers.base import TAG, FlatAllreduce, Waiting, chunk_bounds, exchange
 from minidp.comm.network import ring_traffic
 
@@ -33,24 +36,19 @@ class RingAllreduce(FlatAllreduce):
     started_name = "ring iallreduce"
     traffic = staticmethod(ring_traffic)
 
-    def communicate(self) -> Iterator[Waiting]:
+    def exchanges(self, buf: np.ndarray, comm: MPI.Comm, p: int, r: int) -> Iterator[Waiting]:
         """The 2(p-1) exchanges, each chunk added as soon as it has arrived."""
-        with self.whole():
-            buf, topology = self.array, self.topology
-            comm, p, r = topology.world, topology.size, topology.rank
-            if p == 1 or buf.size == 0:
-                return
-            b = chunk_bounds(buf.size, p)
-            tmp = topology.workspace.scratch(self.name, b[1] - b[0] + 1, buf.dtype)
-            right, left = (r + 1) % p, (r - 1) % p
-            label = f"ring allreduce from rank {left} to rank {right}"
-            for step in range(p - 1):
-                send, recv = (r - step) % p, (r - step - 1) % p
-                n = b[recv + 1] - b[recv]
-                yield from exchange(comm, buf[b[send]:b[send + 1]], right, tmp[:n], left, TAG,
-                                    label)
-                buf[b[recv]:b[recv + 1]] += tmp[:n]
-            for step in range(p - 1):
-                send, recv = (r + 1 - step) % p, (r - step) % p
-                yield from exchange(comm, buf[b[send]:b[send + 1]], right,
-                                    buf[b[recv]:b[recv + 1]], left, TAG + 1, label)
+        b = chunk_bounds(buf.size, p)
+        tmp = self.topology.workspace.scratch(self.name, b[1] - b[0] + 1, buf.dtype)
+        right, left = (r + 1) % p, (r - 1) % p
+        label = f"ring allreduce from rank {left} to rank {right}"
+        for step in range(p - 1):
+            send, recv = (r - step) % p, (r - step - 1) % p
+            n = b[recv + 1] - b[recv]
+            yield from exchange(comm, buf[b[send]:b[send + 1]], right, tmp[:n], left, TAG,
+                                label)
+            buf[b[recv]:b[recv + 1]] += tmp[:n]
+        for step in range(p - 1):
+            send, recv = (r + 1 - step) % p, (r - step) % p
+            yield from exchange(comm, buf[b[send]:b[send + 1]], right,
+                                buf[b[recv]:b[recv + 1]], left, TAG + 1, label)

@@ -13,7 +13,9 @@ alpha, learning rate eta and momentum delta::
 The elastic difference is taken at x, the iterate, never at the look-ahead point
 x + delta v where the gradient is taken; the master receives x (and computes the same
 difference). The authors' code (``mpiT``, ``optim-eamsgd.lua``) performs these steps in
-this order. ``delta = 0`` is Algorithm 1, ``easgd-async``.
+this order. ``delta = 0`` is Algorithm 1, ``easgd-async``. The momentum's two halves
+(the look-ahead before forward, the step after backward) are the optimizer's,
+:class:`minidp.optim.LookAhead`; the elastic pull around them is this file's.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from minidp.optim import LookAhead
 from minidp.strategies.base import Option
-from minidp.strategies.easgd import ElasticAsync
+from minidp.strategies.easgd_async import ElasticAsync
 from minidp.trace import tracer
 
 
@@ -56,32 +59,21 @@ class MomentumElasticAsync(ElasticAsync):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.delta = self.config["delta"]
-        self.velocity = self.optimizer.state  # the paper's v (zero at the start)
+        # v is the optimizer's momentum state (zero at the start), delta its momentum
+        self.momentum = LookAhead(self.optimizer, self.config["delta"])
         self.outgoing = np.empty_like(self.flat.data)  # x^i while the model holds y
-        self.scaled = np.empty_like(self.flat.data)  # eta * g, reused
 
     def before_compute(self) -> None:
         """Keep x^i (what the exchange sends), then move the model to x + delta v."""
-        np.copyto(self.outgoing, self.flat.data)
-        self.velocity *= self.delta
-        self.flat.data += self.velocity
+        self.momentum.look_ahead(keep=self.outgoing)
 
     def local_update(self, centre: np.ndarray | None) -> None:
         """The pull d from x (not the look-ahead), the Nesterov step from y, then x^i - d."""
-        y, opt = self.flat.data, self.optimizer
         with tracer().phase("optimizer"):
             if centre is not None:
-                np.subtract(self.outgoing, centre, out=self.difference)
+                np.subtract(self.outgoing, centre, out=self.difference)  # d = alpha (x - x~)
                 self.difference *= self.alpha
-            if opt.weight_decay:
-                np.multiply(y, opt.weight_decay, out=self.scaled)
-                self.scaled += self.flat.grad
-                self.scaled *= opt.lr
-            else:
-                np.multiply(self.flat.grad, opt.lr, out=self.scaled)
-            y -= self.scaled
-            self.velocity -= self.scaled
+            self.momentum.step()  # model <- y - lr g = x + v_new;  v <- v - lr g
             if centre is not None:
-                y -= self.difference
+                self.flat.data -= self.difference  # x^i <- x + v_new - d
                 self.exchanges += 1

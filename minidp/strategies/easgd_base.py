@@ -14,7 +14,12 @@ holds the centre and in what order the pulls happen: ``easgd-rr`` (a server, wor
 rank order), ``easgd-async`` (a server, first come first served, the exchange overlapped
 with the gradient), ``measgd-async`` (the same with Nesterov momentum on the workers),
 ``easgd-hogwild`` (the centre in a node's shared memory, updated without a lock) and
-``easgd-sync`` (:mod:`minidp.strategies.easgd_sync`). See docs/easgd.md.
+``easgd-sync``. See docs/easgd.md.
+
+This file is the family's base: :class:`ElasticAveraging` (options, the worker's update)
+and :class:`ElasticServer` (the master rank that holds the centre, the exchange). Each
+id has its own file: ``easgd_rr.py``, ``easgd_async.py``, ``measgd_async.py``,
+``easgd_hogwild.py``, ``easgd_sync.py``.
 
 Epochs are counted in steps: every worker takes the epoch's ``batches`` steps over its own
 shard (the paper's workers each run over their data), so all ranks meet at an epoch's end
@@ -29,16 +34,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from minidp.comm import SharedArray, broadcast, guard, p2p, rail_allreduce
-from minidp.kernels import sgd_update
-from minidp.optim import SGD
+from minidp.comm import broadcast, guard, p2p
 from minidp.strategies.base import Option, Strategy
 from minidp.strategies.events import ELASTIC_WORKER_COLUMNS, MASTER_COLUMNS, EventLog
 from minidp.trace import tracer
 
 TAG_PARAMS, TAG_CENTRE, TAG_DONE = 211, 212, 213
 DEFAULT_BETA = 0.9  # the EASGD paper's centre rate, split over the workers by default
-ORDERS = ("fcfs", "round_robin")
+ORDERS = ("fcfs", "round_robin")  # how the master takes the workers (easgd-async's option)
 
 
 class ElasticAveraging(Strategy):
@@ -60,13 +63,10 @@ class ElasticAveraging(Strategy):
     }
     ignores = ("momentum", "nesterov")
     ignored_hint = "its workers apply plain SGD (measgd-async has momentum: measgd-async.delta)"
+    sgd_only = "the workers apply SGD"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        t = self.topology
-        if not isinstance(self.optimizer, SGD):
-            raise ValueError(f"rank {t.rank}: --optimizer: got {type(self.optimizer).__name__}"
-                             f", allowed with {self.name}: sgd (the workers apply SGD)")
         alpha = self.config["alpha"]
         self.alpha = DEFAULT_BETA / self.pulling_on_a_centre() if alpha == -1 else alpha
         self.difference = np.zeros_like(self.flat.data)  # alpha * (x - centre), reused
@@ -91,14 +91,14 @@ class ElasticAveraging(Strategy):
         ``centre`` None: a step without an exchange (the gradient step only). The pull
         is left in ``self.difference``: what the centre must add.
         """
-        x, opt = self.flat.data, self.optimizer
+        x = self.flat.data
         with tracer().phase("optimizer"):
             if centre is not None:
-                np.subtract(x, centre, out=self.difference)
+                np.subtract(x, centre, out=self.difference)  # d = alpha (x - centre)
                 self.difference *= self.alpha
-            sgd_update(x, self.flat.grad, opt.state, opt.lr, 0.0, opt.weight_decay, False)
+            self.optimizer.update(momentum=False)  # x <- x - lr (g + wd x): plain SGD
             if centre is not None:
-                x -= self.difference
+                x -= self.difference  # x <- x - d
                 self.exchanges += 1
 
     def epoch_stats(self) -> dict[str, Any]:
@@ -171,15 +171,12 @@ class ElasticServer(ElasticAveraging):
     def batch_size(self, base: int) -> int:
         """Post the exchange before the gradient (``overlap``); DONE once the epoch is over."""
         size = super().batch_size(base)
-        t = self.topology
         if not size:
-            p2p.send(self.header, 0, TAG_DONE, t, "done")
+            p2p.send(self.header, 0, TAG_DONE, self.topology, "done")
             return size
         self.before_compute()
         if self.overlap and self.exchanging():
-            # outgoing stays untouched until step(): forward and backward only read flat.data.
-            self.requests = [p2p.irecv(self.centre, 0, TAG_CENTRE, t, "centre"),
-                             p2p.isend(self.outgoing, 0, TAG_PARAMS, t, "parameters")]
+            self.start_exchange()
         return size
 
     def before_compute(self) -> None:
@@ -190,18 +187,33 @@ class ElasticServer(ElasticAveraging):
         centre = None
         exchanging = self.exchanging()
         if exchanging:
-            t = self.topology
-            if self.overlap:
-                for request in self.requests:
-                    request.wait()
-                self.requests = []
-            else:
-                p2p.send(self.outgoing, 0, TAG_PARAMS, t, "parameters")
-                p2p.recv(self.centre, 0, TAG_CENTRE, t, "centre")
-            centre = self.centre
+            centre = self.finish_exchange() if self.overlap else self.exchange_now()
         self.events.add(self.epoch, self.base_batch, exchanging)
         self.local_update(centre)
         self.steps += 1
+
+    def start_exchange(self) -> None:
+        """Post steps 1 and 3: isend(x^i) to the master, irecv(x~) from it.
+
+        ``outgoing`` stays untouched until :meth:`finish_exchange`: forward and backward
+        only read the model.
+        """
+        t = self.topology
+        self.requests = [p2p.irecv(self.centre, 0, TAG_CENTRE, t, "centre"),
+                         p2p.isend(self.outgoing, 0, TAG_PARAMS, t, "parameters")]
+
+    def finish_exchange(self) -> np.ndarray:
+        """Wait for the posted exchange; returns x~ as the master sent it."""
+        for request in self.requests:
+            request.wait()
+        self.requests = []
+        return self.centre
+
+    def exchange_now(self) -> np.ndarray:
+        """Steps 1 and 3 at once: send x^i to the master, receive x~; returns x~."""
+        p2p.send(self.outgoing, 0, TAG_PARAMS, self.topology, "parameters")
+        p2p.recv(self.centre, 0, TAG_CENTRE, self.topology, "centre")
+        return self.centre
 
     # -- server side -------------------------------------------------------------------
 
@@ -267,119 +279,3 @@ class ElasticServer(ElasticAveraging):
     def consensus(self) -> np.ndarray:
         """The centre, broadcast from the server to every rank."""
         return broadcast(self.centre, self.topology, 0, "centre parameters")
-
-
-class ElasticRoundRobin(ElasticServer):
-    """``easgd-rr``: the original EASGD; the master takes the workers one at a time, in order.
-
-    Pattern (SC17's baseline, Zhang et al.'s Algorithm 1 with an MPI master)::
-
-        master:  for i in workers, in rank order, forever:  recv(x^i from i); send(x~ to i);
-                                                             x~ += alpha (x^i - x~)
-        worker:  compute g at x^i; send(x^i); recv(x~); x^i -= lr g + alpha (x^i - x~)
-
-    Worker i+1 cannot exchange before worker i: a worker waits in its ``send`` and
-    ``recv`` (phase ``wait``/``comm_*``) for its turn, so P exchanges per round are
-    serialised at the master; that is the algorithm's cost, not a bug. The order is
-    fixed, so a run is reproducible bit for bit. One worker: EASGD with one worker.
-    """
-
-    name = "easgd-rr"
-    overlap = False
-
-
-class ElasticAsync(ElasticServer):
-    """``easgd-async``: SC17's Async EASGD; the master answers whoever comes first.
-
-    Pattern::
-
-        worker:  post isend(x^i), irecv(x~)  |  compute g at x^i  |  wait both;
-                 x^i -= lr g + alpha (x^i - x~)
-        master:  probe(ANY_SOURCE); recv(x^i); send(x~); x~ += alpha (x^i - x~)
-
-    The exchange travels while the worker computes (MPI progresses it inside the
-    worker's waits and the network model's time runs from the post). Workers never wait
-    for each other, only for the master's answer. ``order=round_robin`` serves the
-    workers in rank order instead (deterministic, for tests; still overlapped).
-    """
-
-    name = "easgd-async"
-    options: ClassVar[dict[str, Option]] = dict(
-        ElasticAveraging.options,
-        order=Option("fcfs", str, "fcfs (first come first served) or round_robin "
-                     "(workers in rank order: deterministic)", lambda v: v in ORDERS))
-
-
-class ElasticHogwild(ElasticAveraging):
-    """``easgd-hogwild``: the centre lives in the node's shared memory, updated with no lock.
-
-    Per exchange step on every worker (no server, no message inside a node)::
-
-        1. read: copy the node's shared x~ (plain loads; others may be writing)
-        2. x^i -= lr g + d  with  d = alpha (x^i - x~_read)
-        3. write: x~ += d, in place in the shared window, no lock, no atomics
-
-    Two ranks writing at once can lose one's ``+= d`` for the elements they overlap on
-    (NumPy adds in vectorised chunks, so races are of chunks, not single words): the
-    invariant ``x~ + sum x^i`` then holds only up to those lost pulls. That is Hogwild's
-    bargain (SC17's Hogwild EASGD removes the lock that guards the master's update).
-
-    More than one node (minidp's choice; the paper has one shared-memory machine): each
-    node has its own centre; at every epoch's end the leaders average them over the rail
-    (``rail_allreduce``) so there is one centre, equal on every node. One rank: EASGD
-    with one worker.
-    """
-
-    name = "easgd-hogwild"
-
-    def pulling_on_a_centre(self) -> int:
-        """A node's centre takes the pulls of the node's G workers only: alpha = 0.9 / G."""
-        return self.topology.local_size
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        t = self.topology
-        # One segment per local rank; the node's centre lives in local rank 0's.
-        self.window = SharedArray(t.node, self.flat.size, self.flat.data.dtype)
-        self.centre = self.window.whole[0]
-        if t.local_rank == 0:
-            self.centre[...] = self.flat.data
-        self.window.sync()
-        self.read = np.empty_like(self.flat.data)
-
-    def step(self, batch: int) -> None:
-        """Read the centre, update, add the pull to the centre without a lock."""
-        if self.exchanging():
-            with tracer().phase("comm_intra", op="easgd-hogwild read centre"):
-                np.copyto(self.read, self.centre)
-            self.local_update(self.read)
-            with tracer().phase("comm_intra", op="easgd-hogwild write centre"):
-                np.add(self.centre, self.difference, out=self.centre)
-        else:
-            self.local_update(None)
-        self.steps += 1
-
-    def end_epoch(self, epoch: int, train_loss: float) -> None:
-        """One centre: the leaders average the node centres; every node sees the result."""
-        self.window.sync()
-        if self.topology.is_leader and self.topology.num_nodes > 1:
-            self.centre[...] = rail_allreduce(self.centre.copy(), self.topology, op="mean")
-        self.window.sync()
-        if not np.all(np.isfinite(self.centre)):
-            raise FloatingPointError(f"rank {self.topology.rank}: the centre is not finite "
-                                     f"after epoch {epoch + 1}; lower --lr or alpha")
-
-    def consensus(self) -> np.ndarray:
-        """The node's centre (after ``end_epoch``, the same on every node)."""
-        return self.centre
-
-    def state_dict(self) -> dict[str, Any]:
-        """Steps and the centre (it lives in shared memory, outside the checkpointed params)."""
-        return dict(super().state_dict(), centre=self.encode(self.centre))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; collective over the node (the centre is shared)."""
-        super().load_state_dict(state)
-        if self.topology.local_rank == 0:
-            self.decode(state["centre"], self.centre)
-        self.window.sync()

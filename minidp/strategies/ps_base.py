@@ -30,8 +30,6 @@ import numpy as np
 
 from minidp.comm import broadcast, p2p
 from minidp.comm.allreducers import chunk_bounds
-from minidp.kernels import sgd_update
-from minidp.optim import SGD
 from minidp.strategies.base import Option, Strategy
 from minidp.strategies.events import (
     EPOCH_END,
@@ -83,6 +81,7 @@ class ParameterServer(Strategy):
                         lambda v: v in ("budget", "shard")),
     }
     server_momentum: ClassVar[bool] = False  # asgd: plain SGD at the server
+    sgd_only = "the server applies SGD to its parameter slice"
     ignored_hint = "it applies plain SGD at the server (amsgd keeps momentum there)"
 
     @classmethod
@@ -110,10 +109,6 @@ class ParameterServer(Strategy):
         self.version = 0  # updates this server has applied over the run
         self.samples_applied = 0  # samples behind those updates (the LR schedule's clock)
         self.active: list[int] = []  # server: workers whose epoch goes on (set by serve)
-        if not isinstance(self.optimizer, SGD):
-            raise ValueError(f"rank {t.rank}: --optimizer: got "
-                             f"{type(self.optimizer).__name__}, allowed with {self.name}: sgd "
-                             "(the server applies SGD to its parameter slice)")
         # The replay's record (minidp.strategies.events): a worker's steps, a server's events.
         self.events = EventLog(SERVER_COLUMNS if t.role == "server" else
                                worker_columns(t.num_servers))
@@ -131,13 +126,28 @@ class ParameterServer(Strategy):
     # -- worker side -------------------------------------------------------------------
 
     def batch_size(self, base: int) -> int:
-        """Pull the parameters (and, from server 0, the next batch size; 0 ends the epoch)."""
+        """1. pull: the next batch's size from server 0 (0 ends the epoch), the parameters."""
+        self.granted = self.pull_parameters(base)
+        return self.granted
+
+    def step(self, batch: int) -> None:
+        """3. push: the gradient's slices, each tagged with the version it was computed at."""
+        self.steps += 1
+        self.push_gradient()
+
+    def pull_parameters(self, wanted: int) -> int:
+        """Ask for ``wanted`` samples; receive each server's slice and version; the grant.
+
+        Server 0 answers first: [granted, version], then its slice when granted > 0; the
+        other servers then the same way. Granted 0 ends this worker's epoch, and the
+        other servers are told DONE instead of asked.
+        """
         t = self.topology
-        self.header[:] = (base, 0, 0, 0)
+        self.header[:] = (wanted, 0, 0, 0)
         p2p.send(self.header, 0, TAG_PULL, t, "pull")
         p2p.recv(self.reply, 0, TAG_REPLY, t, "pull reply", self.reply_from(0))
-        self.granted = int(self.reply[0])
-        if self.granted == 0:
+        granted = int(self.reply[0])
+        if granted == 0:
             for server in t.server_ranks[1:]:
                 p2p.send(self.header, server, TAG_DONE, t, "done")
             return 0
@@ -149,17 +159,20 @@ class ParameterServer(Strategy):
             self.versions_read[server] = self.reply[1]
             p2p.recv(self.flat.data[self.slices[server]], server, TAG_PARAMS, t, "parameters")
         self.pulled_at = time.perf_counter()
-        return self.granted
+        return granted
 
-    def step(self, batch: int) -> None:
-        """Push the gradient's slices, each tagged with the version it was computed at."""
-        self.steps += 1
+    def push_gradient(self) -> None:
+        """Send every server [version pulled, samples, compute us] and its gradient slice.
+
+        The step is recorded for the replay first (epoch, samples, the versions read).
+        """
+        t = self.topology
         self.events.add(self.epoch, self.granted, *self.versions_read)
         compute_us = int((time.perf_counter() - self.pulled_at) * 1e6)
-        for server in self.topology.server_ranks:
+        for server in t.server_ranks:
             self.header[:] = (self.versions_read[server], self.granted, compute_us, 0)
-            p2p.send(self.header, server, TAG_PUSH, self.topology, "push")
-            p2p.send(self.flat.grad[self.slices[server]], server, TAG_GRADIENT, self.topology,
+            p2p.send(self.header, server, TAG_PUSH, t, "push")
+            p2p.send(self.flat.grad[self.slices[server]], server, TAG_GRADIENT, t,
                      "push gradient")
 
     def reply_from(self, server: int) -> list[int]:
@@ -269,23 +282,22 @@ class ParameterServer(Strategy):
         """Server: called once every worker's epoch is over (softsync flushes here)."""
 
     def apply(self, grad: np.ndarray, scale: float = 1.0, lr_divisor: float = 1.0) -> None:
-        """One server update of this shard: SGD (momentum if kept) on ``scale`` x grad.
+        """One server update of this shard: w <- w - (lr / lr_divisor) (scale g + wd w).
 
-        The gradient is scaled, not the rate, so weight decay acts once per update; it is
+        Through the optimizer (SGD.update of the shard; momentum where the server keeps it). The
+        gradient is scaled, not the rate, so weight decay acts once per update; it is
         scaled in place (callers pass a receive or accumulation buffer they reuse). The
-        rate is ``lr_schedule(samples applied // (b x workers)) / lr_divisor``.
+        rate runs on the server's own clock: ``lr_schedule(samples applied // (b x
+        workers))``, set on the optimizer before the step.
         """
         with tracer().phase("optimizer"):
-            opt, shard = self.optimizer, self.shard
-            lr = opt.lr
             if self.lr_schedule is not None:
                 round_samples = self.base_batch * self.topology.num_workers
-                lr = self.lr_schedule(self.samples_applied // round_samples)
-            momentum = opt.momentum if self.server_momentum else 0.0
+                self.optimizer.lr = self.lr_schedule(self.samples_applied // round_samples)
             if scale != 1.0:
                 grad *= scale
-            sgd_update(self.flat.data[shard], grad, opt.state[shard], lr / lr_divisor,
-                       momentum, opt.weight_decay, opt.nesterov and self.server_momentum)
+            self.optimizer.update(grad, self.shard, momentum=self.server_momentum,
+                                  lr_divisor=lr_divisor)
         self.version += 1
         self.stats["updates"] += 1
 

@@ -1,0 +1,183 @@
+"""How the kernels split their work among the rank's threads.
+
+Two ways, each where it pays:
+
+* A kernel that streams over a tensor (batch norm, pooling, the elementwise and
+  optimizer kernels) is split by Numba: ``prange`` over channels, images or blocks of
+  elements, each thread's piece large. :func:`spread` decides: on one thread, or under
+  :data:`SPREAD_MIN_ELEMENTS`, the kernel's serial loop runs instead, since waking the
+  other threads costs microseconds that a small array does not repay. The serial and
+  the parallel loops call one compiled body per channel, image or block, so they give
+  the same bits.
+* A convolution's loop over its batch, below.
+
+The convolutions (:mod:`minidp.autograd.ops.conv` and its engines) process a batch in
+chunks of a few samples: unfold or transform (Numba), multiply (BLAS), fold or
+transform back (Numba), each chunk while it is in cache. With T threads
+(:func:`minidp.threads.threads_in_force`) the batch is cut into T contiguous parts of
+equal numbers of samples (give or take one), each part into chunks as one thread would
+cut it, and thread t runs part t's chunks from start to finish: its own unfolding, its
+own GEMMs, into its own buffers. So every stage of a chunk runs in parallel, the GEMMs
+included, and each GEMM has the shape one thread gave it; BLAS's own threads would
+instead split each small per-sample product, with a fork and a join every time.
+
+* BLAS runs on one thread while a region runs (:func:`minidp.threads.blas_single_threaded`):
+  T threads each calling a T-thread BLAS would put T*T threads on T cores.
+* The threads are Python threads of one persistent pool. The Numba kernels release the
+  GIL (``nogil=True``), and so do NumPy's ``matmul`` and large copies; what holds it is
+  a few lines of Python per chunk, tens of microseconds against a chunk's milliseconds.
+* The kernels called inside are compiled serial (no ``parallel=True``): Numba's
+  workqueue threading layer, the one that is always there, aborts when two threads
+  launch parallel kernels at once.
+* Results come back in chunk order, and the callers add the weight gradient's chunk
+  sums in that order, so a run at a fixed thread count is bit-reproducible whichever
+  thread finishes first. One thread cuts the chunks one thread always cut (the bits of
+  the code before threads); T threads cut other chunks, so a weight gradient is summed
+  in another order and its last bits change with the thread count.
+* A batch with less than :data:`MIN_BYTES_PER_THREAD` of unfolded data per thread is
+  not split: the region then runs on the caller's thread, in one-thread chunks.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+from minidp.kernels.jit import ensure_compiled
+from minidp.threads import blas_single_threaded, threads_in_force
+
+# Columns (or Winograd tiles) of one chunk, in bytes. A ResNet-20 step was fastest
+# with 1-4 MB here (within L3; a smaller chunk stays in L2 but pays the per-chunk
+# Python and BLAS-call overhead more often, a whole batch goes out to memory).
+CHUNK_BYTES = 1 << 21
+
+# Under this many elements a kernel stays on one thread: a parallel launch costs about
+# 5-20 us, and 64K float32 elements take about that long to stream through one core.
+SPREAD_MIN_ELEMENTS = 1 << 16
+
+# Below this much unfolded data per thread, handing work to the pool (about 50 us per
+# region) costs more than a second thread saves; LeNet-5's layers at batch 64 carry
+# 4-5 MB, its smallest batches (and every evaluation batch of a few samples) less.
+MIN_BYTES_PER_THREAD = 1 << 18
+
+_R = TypeVar("_R")
+_pool: dict = {"size": 0, "executor": None}
+_lock = threading.Lock()
+_region = threading.local()  # .inside: this thread runs part of a Plan
+
+
+def spread(elements: int) -> bool:
+    """Whether a kernel over ``elements`` values runs its ``prange`` loop (see above).
+
+    Never inside a :class:`Plan`'s region: there each thread is one of the T already
+    (and Numba's workqueue layer aborts on parallel launches from two threads at once).
+    """
+    return (elements >= SPREAD_MIN_ELEMENTS and threads_in_force() > 1
+            and not getattr(_region, "inside", False))
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    """The process's pool, of at least ``workers`` threads.
+
+    It only grows: a smaller thread count leaves threads idle, asleep on its queue.
+    """
+    with _lock:
+        if _pool["size"] < workers:
+            if _pool["executor"] is not None:
+                _pool["executor"].shutdown(wait=True)
+            _pool["executor"] = ThreadPoolExecutor(workers, thread_name_prefix="minidp-conv")
+            _pool["size"] = workers
+        return _pool["executor"]
+
+
+def _even(lo: int, hi: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges covering [lo, hi), their sizes differing by at most 1."""
+    size, extra = divmod(hi - lo, parts)
+    bounds, start = [], lo
+    for k in range(parts):
+        end = start + size + (k < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+class Plan:
+    """Which samples of a batch each thread processes, and in which chunks.
+
+    Args:
+        n: samples in the batch.
+        bytes_per_sample: what one sample unfolds (or transforms) into, in bytes.
+        chunked: False off the kernels (CuPy, ``NUMBA_DISABLE_JIT=1``): the whole batch
+            is one chunk of the vectorised NumPy/CuPy references, on one thread.
+        threads: the thread count to plan for (default: the count in force).
+
+    Attributes:
+        parts: one list of (lo, hi) chunk bounds per thread, in sample order.
+    """
+
+    def __init__(self, n: int, bytes_per_sample: int, chunked: bool = True,
+                 threads: int | None = None) -> None:
+        threads = threads_in_force() if threads is None else threads
+        step = max(1, min(n, CHUNK_BYTES // max(1, bytes_per_sample))) if chunked else n
+        if (not chunked or threads < 2 or n < threads
+                or n * bytes_per_sample < threads * MIN_BYTES_PER_THREAD):
+            self.parts = [[(lo, min(n, lo + step)) for lo in range(0, n, step)]]
+            return
+        self.parts = [_even(lo, hi, math.ceil((hi - lo) / step))
+                      for lo, hi in _even(0, n, threads)]
+
+    @property
+    def bounds(self) -> list[tuple[int, int]]:
+        """Every chunk's (lo, hi), in sample order."""
+        return [b for part in self.parts for b in part]
+
+    @property
+    def threads(self) -> int:
+        """How many threads run the plan."""
+        return len(self.parts)
+
+    @property
+    def largest(self) -> int:
+        """Samples in the largest chunk (what a thread's buffers must hold)."""
+        return max(hi - lo for lo, hi in self.bounds)
+
+    def run(self, work: Callable[[int, int, int], _R]) -> list[_R]:
+        """Call ``work(thread, lo, hi)`` for every chunk; the results in chunk order.
+
+        Thread 0 is the caller's; the others are the pool's. Each thread runs its part's
+        chunks in order, with BLAS on one thread while more than one thread runs. An
+        exception in any thread is raised here once every thread has stopped, so no
+        thread still writes into the caller's arrays when it returns.
+        """
+        def part(t: int) -> list[_R]:
+            _region.inside = self.threads > 1
+            try:
+                return [work(t, lo, hi) for lo, hi in self.parts[t]]
+            finally:
+                _region.inside = False
+
+        if self.threads == 1:
+            return part(0)
+        ensure_compiled()  # here, not in two threads at once
+        with blas_single_threaded():
+            executor = _executor(self.threads - 1)
+            futures: list[Future] = [executor.submit(part, t) for t in range(1, self.threads)]
+            try:
+                results = part(0)
+            finally:
+                for future in futures:
+                    future.exception()  # waits
+        for future in futures:
+            results += future.result()
+        return results
+
+
+def fold(parts: list) -> object:
+    """The sum of a list of arrays in list order: ``total = parts[0]; total += ...``."""
+    total = parts[0]
+    for part in parts[1:]:
+        total += part
+    return total
