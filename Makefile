@@ -98,11 +98,13 @@ test-faults: venv
 mutants: venv
 	$(BIN)/python tests/mutants.py
 
-# The readers of .mdp, IDX and CIFAR-10 files and the configuration parser, fuzzed longer
-# than `make test` does (Hypothesis profile "long"; counts in docs/reliability.md).
+# The readers of .mdp, IDX and CIFAR-10 files and the configuration parser, and the run
+# directory with its checkpoints, fuzzed longer than `make test` does (Hypothesis profile
+# "long", 600 run-directory cases; counts in docs/reliability.md).
 fuzz: venv
 	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q --hypothesis-show-statistics \
 	  tests/unit/test_fuzz.py
+	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q -s tests/test_rundir_fuzz.py
 
 # The declared lower bounds, tested: a second venv with tests/constraints-min.txt (the
 # minimum numpy, numba, mpi4py, threadpoolctl and pytest) runs the unit tests; not part of
