@@ -3,11 +3,13 @@
 # Set-up makes .venv and installs from the registries. MPI comes from the `mpich` wheel
 # (mpiexec lands in .venv/bin). On a cluster, `make venv MPI=system` builds mpi4py
 # against the MPI whose `mpicc` is on PATH instead, so jobs use the system's launcher
-# and interconnect.
+# and interconnect. Each MPI has a venv of its own (.venv, .venv-system), so both can
+# stand side by side: every target takes MPI=system (`make test MPI=system` runs the
+# suite under the system MPI), and `make test-openmpi` is that with Open MPI.
 
 PYTHON ?= python3
 MPI ?= mpich
-VENV := .venv
+VENV := $(if $(filter system,$(MPI)),.venv-system,.venv)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(MPI)
 export PYTHONUNBUFFERED := 1
@@ -20,14 +22,23 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 
-.PHONY: venv test test-gpu test-faults mutants fuzz test-unit test-nojit test-min data demo \
-	hosts test-hosts lint bench torch clean
+.PHONY: venv test test-suite test-openmpi test-gpu test-faults mutants fuzz test-unit test-nojit test-min \
+	data demo hosts test-hosts lint bench torch clean
+
+# mpi4py compiled against the system MPI (3 min here) is kept in a pip cache of that MPI's
+# own, named by what its mpicc compiles with: a later venv installs the wheel in seconds,
+# and a wheel built against one MPI is never installed against another.
+SYSTEM_MPI_CACHE = $${XDG_CACHE_HOME:-$$HOME/.cache}/minidp/pip-mpi-$$(mpicc -show | cksum | cut -d' ' -f1)
 
 $(STAMP): setup.cfg pyproject.toml
+ifeq ($(MPI),system)
+	@command -v mpicc >/dev/null || { echo "error: MPI=system: no mpicc on PATH (load the \
+	site's MPI module, or apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
+endif
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(MPI),system)
-	$(BIN)/python -m pip install -q --no-binary=mpi4py --no-cache-dir mpi4py
+	$(BIN)/python -m pip install -q --no-binary=mpi4py --cache-dir $(SYSTEM_MPI_CACHE) mpi4py
 else
 	$(BIN)/python -m pip install -q mpich mpi4py
 endif
@@ -48,12 +59,26 @@ test-unit: venv
 test-nojit: venv
 	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q -n 2 tests/unit
 
+# `make test`: ruff, the NumPy reference pass, then every test (test-suite).
+test: lint test-nojit test-suite
+
 # Two pytest-xdist workers: most tests launch MPI jobs that wait (for a timeout, a signal,
 # a peer), and one worker alone keeps the machine's two cores half idle. The modules
 # that share a fixture run on one worker each (their xdist_group mark); every test passes
 # beside another job as it must on a shared machine (docs/reliability.md).
-test: venv lint test-nojit
+test-suite: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
+
+# The suite under Open MPI, the MPI of most clusters, in .venv-system built against the
+# system's Open MPI (Debian: apt-get install openmpi-bin libopenmpi-dev). CI runs it after
+# `make test` (.ci/run), which has run ruff and the NumPy reference pass already (neither
+# depends on the MPI); `make test MPI=system` runs those too. What differs between the
+# launchers: docs/reliability.md ("Open MPI").
+test-openmpi:
+	@mpicc --showme:version >/dev/null 2>&1 || { echo "error: make test-openmpi: the mpicc \
+	on PATH ($$(command -v mpicc || echo none)) is not Open MPI's; allowed: Open MPI's \
+	(apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
+	$(MAKE) test-suite MPI=system
 
 # The tests marked `gpu` (skipped by `make test` without a device): models, optimizers and
 # the compute replica on CuPy against NumPy, and 2 ranks sharing one GPU per strategy
@@ -156,4 +181,4 @@ torch: venv
 	$(BIN)/python -m pip install -q torch==2.13.0
 
 clean:
-	rm -rf $(VENV) $(VENV_MIN) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf .venv .venv-system $(VENV_MIN) build *.egg-info .pytest_cache .ruff_cache

@@ -7,13 +7,21 @@ glibc's malloc is told to keep large temporaries in the heap (:mod:`minidp.alloc
 Modules that moved keep their old import paths (``minidp.train``, ``minidp.config``,
 ``minidp.strategies.easgd``, ...): :mod:`minidp._moved` imports the new module under the
 old name, with a ``DeprecationWarning`` that names the new path.
+
+The first statement is not about the package: in a process started as ``minidp train``
+it catches the stop signals before NumPy, Numba and MPI load (:mod:`minidp.run.signals`,
+a module that imports nothing), because a scheduler's signal does not wait for them.
 """
 
-import sys
+from minidp.run.signals import catch_if_minidp_train
 
-from minidp import _moved
-from minidp import allocator as _allocator
-from minidp import threads as _threads
+catch_if_minidp_train()
+
+import sys  # noqa: E402 (after the signals, on purpose)
+
+from minidp import _moved  # noqa: E402
+from minidp import allocator as _allocator  # noqa: E402
+from minidp import threads as _threads  # noqa: E402
 
 _threads.set_thread_environment()
 _threads.limit_threads()

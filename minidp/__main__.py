@@ -19,8 +19,9 @@ Exit status: 0 done; 2 a user error; 3 stopped by SIGTERM, SIGUSR1 or SIGINT (Ct
 (:data:`minidp.run.stopping.EXIT_STOPPED`): with a checkpoint, resume it with
 ``--resume``, or before the first batch, with nothing to resume; 4 the run diverged (a
 loss, gradient or parameter not finite, :data:`EXIT_DIVERGED`): resume the last
-checkpoint with a lower ``--lr``. ``train`` catches the stop signals as its first
-statement, before MPI starts (:mod:`minidp.run.signals`).
+checkpoint with a lower ``--lr``. A process started as ``minidp train`` catches the stop
+signals in the package's first statement, before NumPy and MPI load
+(:mod:`minidp.run.signals`).
 """
 
 from __future__ import annotations
@@ -227,7 +228,9 @@ def refused(exc: ArgumentsRefused) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m minidp``."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    catch_stop_signals(argv)  # first: a scheduler's signal does not wait for MPI to start
+    # Caught already when this process was started as `minidp train` (the package's first
+    # statement); here for a `train` given to main() from Python, before MPI starts.
+    catch_stop_signals(argv)
     from minidp.io.datasets import DATASETS
 
     parser = Parser(prog="python -m minidp", description=__doc__.splitlines()[0])
@@ -284,7 +287,7 @@ def console() -> None:
     It installs minidp's abort hook before anything runs, so an uncaught exception on one
     rank prints that rank's traceback and aborts every rank, as ``-m mpi4py`` does.
     """
-    catch_stop_signals(sys.argv[1:])  # before the hook: importing the guard starts MPI
+    catch_stop_signals(sys.argv[1:])  # usually caught already, by the package's first statement
     from minidp.comm import guard
 
     guard.install_abort_hook()

@@ -1,4 +1,4 @@
-"""Real hosts on one Linux machine, for MPICH jobs launched by Hydra (a test fixture).
+"""Real hosts on one Linux machine, for MPI jobs launched by Hydra or mpirun (a test fixture).
 
 Each host is a network namespace with its own UTS, IPC and mount namespace: its own
 hostname, its own System V IPC and a private tmpfs on ``/dev/shm``. MPI then sees separate
@@ -8,10 +8,13 @@ bridge in the root namespace, which also holds an address: ``mpiexec`` runs ther
 proxies call it back at that address. The file system (``/tmp``, the checkout, the venv) is
 shared, as NFS is on a cluster.
 
-Hydra starts one ``hydra_pmi_proxy`` per host through its ``ssh`` launcher; the
-``-launcher-exec`` it is given is a shell script (tests/hosts_wrapper.py) that stands in
-for ssh: it takes ``-x HOST CMD...``, clears the environment as a login would, enters the
-host's namespaces and runs CMD through ``sh -c``::
+MPICH's Hydra starts one ``hydra_pmi_proxy`` per host through its ``ssh`` launcher, Open
+MPI's ``mpirun`` one ``orted`` through its ``rsh`` launcher; the program either is given
+in place of ssh (``-launcher-exec``, ``--mca plm_rsh_agent``) is a shell script
+(tests/hosts_wrapper.py): it takes ``[-x] HOST CMD...``, clears the environment as a
+login would, enters the host's namespaces and runs CMD through ``sh -c``.
+:meth:`Hosts.mpiexec_args` gives the launcher's own arguments (the one ``mpiexec()``
+finds: ``spmd.launcher()``)::
 
     with Hosts(2) as hosts:
         subprocess.run([mpiexec, *hosts.mpiexec_args(ranks_per_host=2), python, "-m",
@@ -20,7 +23,8 @@ host's namespaces and runs CMD through ``sh -c``::
 The command line is ``tests/hosts_cli.py``. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN),
 ``ip`` (iproute2) and util-linux's ``unshare``; :func:`available` says why not otherwise.
 Tear-down (:meth:`Hosts.close`, also at interpreter exit) kills what still runs in the
-hosts, removes links, namespaces, the work directory and the files Hydra leaks, and
+hosts, removes links, namespaces, the work directory and the files a killed launcher
+leaks in the shared /tmp (Hydra's topology files, Open MPI's session directories), and
 lists in ``leftovers`` whatever it could not remove. docs/reliability.md, "Two real hosts
 on one machine", has the measurements and what this cannot show.
 """
@@ -54,10 +58,12 @@ from hosts_names import (
     link_names,
     new_prefix,
     remove_hydra_topology_files,
+    remove_openmpi_session_dirs,
     run_tool,
     tool,
 )
 from hosts_wrapper import WRAPPER_TOOLS, write_launcher
+from spmd import launcher, rank_of
 
 
 def _lock_path() -> Path:
@@ -130,7 +136,7 @@ class _CounterHandler(socketserver.StreamRequestHandler):
 
 
 class Hosts:
-    """N hosts, each a set of namespaces behind a veth link, for ``mpiexec -launcher ssh``.
+    """N hosts, each a set of namespaces behind a veth link, for a launcher's ssh start-up.
 
     Entering builds everything, leaving tears everything down, also when the body raised.
 
@@ -154,9 +160,9 @@ class Hosts:
                 per instance, which `hosts_names.cleanup_stale` recognises.
             cpus: One list of CPU numbers per host: its proxy and ranks run on those
                 only (``taskset``), as a machine's processes run on its own cores.
-            clean_env: Start each proxy with a login-like environment, as ssh does (the
-                job's environment then reaches the ranks only through Hydra); False lets
-                the proxies inherit the caller's.
+            clean_env: Start each proxy (orted) with a login-like environment, as ssh
+                does (the job's environment then reaches the ranks only through the
+                launcher); False lets them inherit the caller's.
         """
         if not 1 <= n_hosts <= MAX_HOSTS:
             raise ValueError(f"n_hosts: got {n_hosts}, allowed: 1 to {MAX_HOSTS}")
@@ -260,7 +266,7 @@ class Hosts:
         run_tool([ip, "netns", "add", name])
         # The host side is named as the bridge: Hydra passes `-iface BRIDGE` on to the
         # proxies (and to MPICH as MPIR_CVAR_NEMESIS_TCP_NETWORK_IFACE), which look for an
-        # interface of that name on every host.
+        # interface of that name on every host; Open MPI's `*_if_include` names it alike.
         run_tool([ip, "link", "add", veth, "type", "veth", "peer", "name", inner, "netns", name])
         run_tool([ip, "link", "set", veth, "addrgenmode", "none"])
         run_tool([ip, "-n", name, "link", "set", inner, "addrgenmode", "none"])
@@ -317,6 +323,7 @@ class Hosts:
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         remove_hydra_topology_files(lambda host: host in self.names)
+        remove_openmpi_session_dirs(lambda host: host in self.names)
         self.leftovers = self._remaining()
         self.timings["teardown"] = time.perf_counter() - t0
         if self.leftovers:
@@ -350,25 +357,25 @@ class Hosts:
         return [int(p) for p in out.stdout.split()]
 
     def rank_pids(self, host: str | int) -> dict[int, int]:
-        """World rank -> pid of the MPI ranks running on a host (from their PMI_RANK)."""
-        found = {}
-        for pid in self.pids(host):
-            with contextlib.suppress(OSError):
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                rank = [v[len(b"PMI_RANK="):] for v in environ if v.startswith(b"PMI_RANK=")]
-                if rank:
-                    found[int(rank[0])] = pid
-        return found
+        """World rank -> pid of the MPI ranks running on a host (from their launcher's
+        environment: PMI_RANK, OMPI_COMM_WORLD_RANK)."""
+        ranks = {pid: rank_of(pid) for pid in self.pids(host)}
+        return {rank: pid for pid, rank in ranks.items() if rank is not None}
 
-    def mpiexec_args(self, ranks_per_host: int, count: bool = True) -> list[str]:
+    def mpiexec_args(self, ranks_per_host: int, count: bool = True,
+                     env: dict[str, str] | None = None) -> list[str]:
         """The arguments that put an ``mpiexec`` job on these hosts, ranks in blocks.
 
         Ranks 0..G-1 go to the first host, G..2G-1 to the second, and so on. Follow
         them with the program and its arguments; ``count=False`` leaves out ``-n N``
-        (for a caller that gives its own).
+        (for a caller that gives its own). ``env`` is the environment the launcher will
+        run with (default this process's): Hydra passes all of it to the ranks, Open MPI
+        only the variables named (``-x NAME`` for each of ``env``'s).
         """
         if not self.wrapper:
             raise RuntimeError("hosts not started")
+        if launcher() == "openmpi":
+            return self._mpirun_args(ranks_per_host, count, os.environ if env is None else env)
         return [
             "-launcher", "ssh", "-launcher-exec", str(self.wrapper),
             # Proxies find mpiexec at this interface's address; without it they are told
@@ -379,6 +386,27 @@ class Hosts:
             "-genvall",
             "-genv", COUNTERS_ENV, str(self.workdir / "counters.sock"),
             "-hosts", ",".join(f"{name}:{ranks_per_host}" for name in self.names),
+        ] + (["-n", str(len(self.names) * ranks_per_host)] if count else [])
+
+    def _mpirun_args(self, ranks_per_host: int, count: bool, env: dict[str, str]) -> list[str]:
+        """:meth:`mpiexec_args` for Open MPI's ``mpirun``."""
+        # Each host's interface is named as the bridge (see _create_host): the daemons'
+        # out-of-band channel and the ranks' TCP transport take that one, on every host
+        # and at mpirun, so every byte between hosts crosses the veth link.
+        iface = self.bridge
+        forwarded = [arg for name in sorted(env) if name != COUNTERS_ENV
+                     for arg in ("-x", name)]
+        return [
+            "--mca", "plm_rsh_agent", str(self.wrapper),
+            # mpirun starts every daemon itself (no daemon starts another from inside a
+            # host: the wrapper runs in the root namespace).
+            "--mca", "plm_rsh_no_tree_spawn", "1",
+            "--mca", "oob_tcp_if_include", iface, "--mca", "btl_tcp_if_include", iface,
+            # The hosts share this machine's cores: each orted sees all of them, and a
+            # binding per host would pile the ranks of both hosts onto the same cores.
+            "--bind-to", "none", "--map-by", "slot",
+            *forwarded, "-x", f"{COUNTERS_ENV}={self.workdir / 'counters.sock'}",
+            "--host", ",".join(f"{name}:{ranks_per_host}" for name in self.names),
         ] + (["-n", str(len(self.names) * ranks_per_host)] if count else [])
 
     def link_bytes(self, host: str | int) -> dict[str, int]:

@@ -86,11 +86,11 @@ def run_or_shell(args) -> int:
     try:
         before = {name: hosts.link_bytes(name) for name in hosts.names}
         if args.cmd == "run":
-            argv = [mpiexec(), *hosts.mpiexec_args(args.ranks_per_host), *command]
+            argv = [mpiexec(), *hosts.mpiexec_args(args.ranks_per_host, env=env), *command]
         else:
             argv = command
             env[MPIEXEC_ARGS_ENV] = shlex.join(hosts.mpiexec_args(args.ranks_per_host,
-                                                                  count=False))
+                                                                  count=False, env=env))
             print(f"{MPIEXEC_ARGS_ENV}={shlex.quote(env[MPIEXEC_ARGS_ENV])}", flush=True)
         print(f"+ {shlex.join(argv)}", flush=True)
         t0 = time.perf_counter()

@@ -88,6 +88,24 @@ def remove_hydra_topology_files(owned: Callable[[str], bool]) -> list[str]:
     return removed
 
 
+def remove_openmpi_session_dirs(owned: Callable[[str], bool]) -> list[str]:
+    """Remove the session directories of Open MPI daemons that ran on the hosts ``owned``
+    accepts.
+
+    Each ``orted`` makes ``ompi.HOST.UID`` in the shared /tmp (its TMPDIR is a login's:
+    none) and removes its part as it exits, but not when it is killed with its host. The
+    directory is named by the host's name, which tells ours from other jobs'. Returns the
+    paths removed.
+    """
+    removed = []
+    for path in Path("/tmp").glob(f"ompi.*.{os.getuid()}"):
+        host = path.name[len("ompi."):].rsplit(".", 1)[0]
+        if path.is_dir() and owned(host):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -146,6 +164,7 @@ def cleanup_stale(prefix: str = FAMILY, force: bool = False) -> list[str]:
         return bool(match) and match.group(2).startswith("h")
 
     removed += [f"file {p}" for p in remove_hydra_topology_files(owned)]
+    removed += [f"dir {p}" for p in remove_openmpi_session_dirs(owned)]
     for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{prefix}*"):
         instance = path.name[len(WORKDIR_PREFIX):].split("-")[0]
         if path.is_dir() and stale(instance):

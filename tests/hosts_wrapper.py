@@ -1,11 +1,13 @@
 """The launcher side of tests/hosts.py: the stand-in for ssh, and each host's /etc/hosts.
 
-Hydra's ``ssh`` launcher runs ``WRAPPER -x HOST "PROXY" ARGS...`` for every host. The
-wrapper written here enters HOST as ssh would enter a machine: a login environment (so
-that what the ranks see was passed by Hydra), the host's network namespace with new UTS,
-IPC and mount namespaces (its hostname, a private tmpfs on /dev/shm, its own /etc/hosts),
-then the proxy's command line re-parsed by a shell, as a remote shell parses what ssh
-sends. Optionally the host's processes are confined to its own CPUs (``taskset``).
+Both launchers start their per-host process through ssh: Hydra's ``ssh`` launcher runs
+``WRAPPER -x HOST "PROXY" ARGS...`` (its ``hydra_pmi_proxy``), Open MPI's ``rsh`` launcher
+``WRAPPER HOST orted ARGS...`` (its daemon). The wrapper written here enters HOST as ssh
+would enter a machine: a login environment (so that what the ranks see was passed by the
+launcher), the host's network namespace with new UTS, IPC and mount namespaces (its
+hostname, a private tmpfs on /dev/shm, its own /etc/hosts), then the command line
+re-parsed by a shell, as a remote shell parses what ssh sends. Optionally the host's
+processes are confined to its own CPUs (``taskset``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from pathlib import Path
 from hosts_names import tool
 
 # ssh gives a remote command a login environment, not the caller's: the wrapper does the
-# same, so that whatever the ranks see was passed by Hydra (-genvall, its default) and a
-# job that works here also works with a real ssh launcher.
+# same, so that whatever the ranks see was passed by the launcher (Hydra's -genvall, its
+# default; Open MPI's -x NAME) and a job that works here also works with a real ssh.
 LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 WRAPPER_TOOLS = ("ip", "unshare", "mount", "hostname", "sh")
 
@@ -55,7 +57,7 @@ def write_launcher(workdir: Path, prefix: str, addresses: dict[str, str], bridge
 
 def _wrapper_text(workdir: Path, prefix: str, names: list[str], bridge: str,
                   cpus: dict[str, list[int]] | None, clean_env: bool) -> str:
-    """The stand-in for ssh that Hydra runs as ``WRAPPER -x HOST CMD...``."""
+    """The stand-in for ssh that a launcher runs as ``WRAPPER [-x] HOST CMD...``."""
     tools = {name: tool(name) for name in (*WRAPPER_TOOLS, "taskset")}
     needed = [n for n in WRAPPER_TOOLS + (("taskset",) if cpus else ()) if not tools[n]]
     if needed:
@@ -77,17 +79,23 @@ def _wrapper_text(workdir: Path, prefix: str, names: list[str], bridge: str,
         f'{q(tools["mount"])} -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm || exit 255\n'
         f'{q(tools["mount"])} --bind "$dir/hosts.$host" /etc/hosts || exit 255\n'
         # ssh hands the remote shell one string: re-parse it, which also strips the literal
-        # quotes Hydra puts around the proxy's path. The inner `exec` replaces the shell by
-        # the proxy, so that Hydra's signals reach the proxy itself.
-        'exec /bin/sh -c "exec $cmd"\n')
+        # quotes Hydra puts around the proxy's path and Open MPI around its URIs. Hydra's
+        # is one command: the inner `exec` replaces the shell by the proxy, so that
+        # Hydra's signals reach the proxy itself. Open MPI's is a short script (it sets
+        # PATH and LD_LIBRARY_PATH, then starts orted), which only a shell can run.
+        'case "$cmd" in\n'
+        '  *";"*) exec /bin/sh -c "$cmd" ;;\n'
+        '  *) exec /bin/sh -c "exec $cmd" ;;\n'
+        'esac\n')
     return f"""#!/bin/sh
 # Written by tests/hosts_wrapper.py for instance {prefix}: stands in for ssh in
-#   mpiexec -launcher ssh -launcher-exec THIS -iface {bridge} -hosts ...
-# Hydra runs it as `THIS -x HOST CMD...`; it runs CMD in network namespace HOST with new
-# UTS, IPC and mount namespaces: hostname HOST, a private /dev/shm and /etc/hosts.
+#   mpiexec -launcher ssh -launcher-exec THIS -iface {bridge} -hosts ...   (MPICH)
+#   mpirun --mca plm_rsh_agent THIS --host ...                             (Open MPI)
+# The launcher runs it as `THIS [-x] HOST CMD...`; it runs CMD in network namespace HOST
+# with new UTS, IPC and mount namespaces: hostname HOST, a private /dev/shm and /etc/hosts.
 while [ $# -gt 0 ]; do
   case "$1" in
-    -x|-T|-q|-n) shift ;;   # ssh flags Hydra may pass; they mean nothing here
+    -x|-T|-q|-n) shift ;;   # ssh flags a launcher may pass; they mean nothing here
     *) break ;;
   esac
 done

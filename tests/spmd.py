@@ -2,13 +2,18 @@
 
 Every launch runs in its own process group (``start_new_session``) under
 ``python -m mpi4py`` (an exception on one rank aborts the job), with
-``MPIEXEC_TIMEOUT`` (MPICH's own watchdog) and a subprocess timeout a little longer
-that kills the whole group if even the watchdog fails. Shared-memory files that a
-killed or aborted job leaves in /dev/shm are removed: those its own processes were seen
-mapping (:class:`ShmWatch`), then any new one that no live process uses (another job may
-run beside it).
+``MPIEXEC_TIMEOUT`` (the launcher's own watchdog: MPICH's Hydra and Open MPI's
+``mpirun`` both read it) and a subprocess timeout a little longer that kills the whole
+job, every process below the launcher included, if even the watchdog fails.
 
-MPICH's launcher does not always report its own watchdog in its exit status: under load,
+Shared memory that a killed or aborted job leaves is removed: the files in /dev/shm its
+own processes were seen mapping (:class:`ShmWatch`), then any new one that no live
+process uses (another job may run beside it). MPICH leaves ``/dev/shm/mpich_shm_*``;
+Open MPI leaves its ``vader`` segments (``/dev/shm/vader_segment.*``) and its session
+directory (``$TMPDIR/ompi.HOST.UID/pid.PID``, named by the launcher's process id, which
+holds the shared-memory windows' files).
+
+A launcher does not always report its own watchdog in its exit status: under load,
 Hydra has been seen to print ``APPLICATION TIMED OUT`` and exit 0. A launch whose
 watchdog fired is a failure whatever mpiexec returned, so the status is made non-zero
 (124, as timeout(1) uses) before any caller sees it; otherwise a deadlocked SPMD file
@@ -19,18 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from minidp.reporting.launcher import mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WATCHDOG_FIRED = "APPLICATION TIMED OUT"
 
 
 # What a launcher hands its ranks (MPICH's Hydra: PMI_*, HYDRA_*, MPI*; Open MPI's ORTE
@@ -50,6 +57,55 @@ def environment_outside_mpi(**extra: str) -> dict[str, str]:
     return env
 
 
+@functools.cache
+def launcher() -> str:
+    """``"mpich"`` (Hydra) or ``"openmpi"``: which ``mpiexec`` the tests start jobs with.
+
+    Read from ``mpiexec --version`` (Open MPI's names OpenRTE, Hydra's prints its build
+    details), not from MPI itself: the test process must not initialise MPI.
+    """
+    version = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True,
+                             timeout=60, env=environment_outside_mpi()).stdout
+    if "OpenRTE" in version or "Open MPI" in version:
+        return "openmpi"
+    if "HYDRA" in version:
+        return "mpich"
+    raise RuntimeError(f"{mpiexec()}: neither MPICH's Hydra nor Open MPI's mpirun "
+                       f"(--version said {version[:200]!r})")
+
+
+# What each launcher prints when MPIEXEC_TIMEOUT ends a job (WATCHDOG_FIRED is the one of
+# the launcher in use; tests check that it is, or is not, in a job's output).
+WATCHDOG_TEXTS = {"mpich": "APPLICATION TIMED OUT",
+                  "openmpi": "The user-provided time limit for job execution has been reached"}
+WATCHDOG_FIRED = WATCHDOG_TEXTS[launcher()]
+
+
+# Where each launcher tells a rank its rank (Hydra, Open MPI).
+RANK_VARIABLES = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=")
+
+
+def rank_of(pid: int | str) -> int | None:
+    """The MPI rank of process ``pid`` as its launcher's environment gives it (None: no
+    rank, or a process that ended or is not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return None
+    for prefix in RANK_VARIABLES:
+        for value in environ:
+            if value.startswith(prefix) and value[len(prefix):].isdigit():
+                return int(value[len(prefix):])
+    return None
+
+
+def watchdog_line(seconds: int) -> str:
+    """What the launcher in use prints when a watchdog of ``seconds`` ended a job."""
+    return {"mpich": f"APPLICATION TIMED OUT, TIMEOUT = {seconds}s",
+            "openmpi": f"Timeout: {seconds} seconds"}[launcher()]
+
+
 @dataclasses.dataclass
 class Launch:
     """What one mpiexec launch did."""
@@ -59,14 +115,31 @@ class Launch:
     seconds: float
     killed: bool
     shm: frozenset[str] = frozenset()  # the job's shared-memory files (ShmWatch)
+    session_dirs: tuple[str, ...] = ()  # Open MPI's session directory of its mpirun
+
+
+# MPICH's shared memory (its transport and its windows), Open MPI's transport (vader) and
+# its shared-memory windows (osc_sm).
+SHM_PATTERNS = ("/dev/shm/mpich_shm_*", "/dev/shm/vader_segment.*", "/dev/shm/osc_sm.*")
 
 
 def shm_files() -> set[str]:
-    """MPICH's shared-memory files in /dev/shm (every job's, this launch's or not)."""
-    return set(glob.glob("/dev/shm/mpich_shm_*"))
+    """MPI's shared-memory files in /dev/shm (every job's, this launch's or not)."""
+    return {path for pattern in SHM_PATTERNS for path in glob.glob(pattern)}
 
 
-def _descendants(root: int) -> set[str]:
+def session_dirs(launcher_pid: int) -> list[str]:
+    """Open MPI's session directories of the ``mpirun`` with process id ``launcher_pid``.
+
+    ``mpirun`` makes ``ompi.HOST.UID/pid.PID`` under TMPDIR (else /tmp) and removes it as
+    it exits, but not when it is killed; the files of the job's shared-memory windows are
+    in it. MPICH makes none.
+    """
+    base = os.environ.get("TMPDIR") or tempfile.gettempdir()
+    return glob.glob(os.path.join(base, f"ompi.*.{os.getuid()}", f"pid.{launcher_pid}"))
+
+
+def descendants(root: int) -> set[str]:
     """The processes below ``root`` (Hydra starts each rank in a session of its own, so
     the process group does not find them)."""
     children: dict[str, list[str]] = {}
@@ -103,18 +176,21 @@ class ShmWatch:
     """The shared-memory files that the processes below ``root`` map, sampled while they run.
 
     What a job maps is its own, whatever other jobs do meanwhile; once the job has ended,
-    what is still there of it is a leftover (MPICH removes its files on a clean exit, not
-    when a rank is killed or the job aborts).
+    what is still there of it is a leftover (MPI removes its files on a clean exit, not
+    when a rank is killed or the job aborts). ``sessions`` are the session directories
+    of ``root`` seen meanwhile (Open MPI's, when ``root`` is its ``mpirun``).
     """
 
     def __init__(self, root: int, every_s: float = 0.2) -> None:
         self.root, self.every_s, self.seen = root, every_s, set()
+        self.sessions: set[str] = set()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def sample(self) -> None:
-        self.seen |= _in_use(_descendants(self.root)) & shm_files()
+        self.seen |= _in_use(descendants(self.root)) & shm_files()
+        self.sessions.update(session_dirs(self.root))
 
     def _run(self) -> None:
         while not self._done.wait(self.every_s):
@@ -127,8 +203,11 @@ class ShmWatch:
         return self.seen
 
     def remove(self) -> None:
-        """Remove what the ended job left of its files."""
+        """Remove what the ended job left of its files, and its launcher's session
+        directory (Open MPI's; none is left when ``mpirun`` ends normally)."""
         _remove(self.stop())
+        for path in self.sessions | set(session_dirs(self.root)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def shm_leftovers(before: set[str]) -> set[str]:
@@ -156,8 +235,21 @@ def job_status(returncode: int, output: str) -> int:
     return 124 if returncode == 0 and WATCHDOG_FIRED in output else returncode
 
 
+def kill_job(root: int) -> None:
+    """SIGKILL the launcher ``root``, its process group and every process below it.
+
+    The group alone does not reach the ranks: Hydra starts each in a session of its own,
+    and Open MPI's ``mpirun`` each in a process group of its own.
+    """
+    for pid in descendants(root):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(pid), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root, signal.SIGKILL)
+
+
 def start_job(cmd: list[str], cwd: str, env: dict[str, str]) -> subprocess.Popen:
-    """Start ``cmd`` in a process group of its own, output piped, its MPICH files watched."""
+    """Start ``cmd`` in a process group of its own, output piped, its MPI files watched."""
     shm_before = shm_files()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -166,16 +258,16 @@ def start_job(cmd: list[str], cwd: str, env: dict[str, str]) -> subprocess.Popen
 
 
 def finish_job(proc: subprocess.Popen, timeout: float) -> tuple[str, bool]:
-    """A :func:`start_job` job's output, and whether it ran past ``timeout`` and had its
-    process group killed; the MPICH files it left are removed (those it was seen using,
-    then, after a failure, any new one no live process uses)."""
+    """A :func:`start_job` job's output, and whether it ran past ``timeout`` and was
+    killed (:func:`kill_job`); the MPI files it left are removed (those it was seen using
+    and its session directory, then, after a failure, any new one no live process uses)."""
     killed = False
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         killed = True
         proc.shm_watch.sample()
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc.pid)
         output, _ = proc.communicate()
     proc.shm_watch.remove()
     if killed or proc.returncode or WATCHDOG_FIRED in output:
@@ -207,5 +299,5 @@ def run_spmd(args: list[str], nprocs: int, timeout: float = 120.0,
     output, killed = finish_job(proc, timeout)
     seconds = time.monotonic() - start
     return Launch(None if killed else job_status(proc.returncode, output), output, seconds,
-                  killed,
-                  frozenset(proc.shm_watch.seen))
+                  killed, frozenset(proc.shm_watch.seen),
+                  tuple(sorted(proc.shm_watch.sessions)))

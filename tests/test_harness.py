@@ -2,13 +2,15 @@
 deadlock ends as a failure within the timeout instead of hanging the suite.
 
 What ended each job is read from its output (the traceback, the watchdog's line, the
-CommTimeout), never from how many seconds it took on a loaded machine.
+CommTimeout), never from how many seconds it took on a loaded machine. Every test runs
+under both launchers (MPICH's Hydra, Open MPI's mpirun): tests/spmd.py knows each one's
+watchdog and files.
 """
 
 
 import os
 
-from spmd import WATCHDOG_FIRED, run_spmd
+from spmd import WATCHDOG_FIRED, job_status, launcher, run_spmd, watchdog_line
 
 
 def test_failure_on_one_rank_aborts_the_job_with_its_traceback():
@@ -24,7 +26,14 @@ def test_deadlock_is_ended_by_the_mpiexec_watchdog():
     launch = run_spmd(["tests/scripts/deadlock.py"], 2, timeout=60, mpiexec_timeout=5)
     assert not launch.killed
     assert launch.returncode != 0
-    assert f"{WATCHDOG_FIRED}, TIMEOUT = 5s" in launch.output
+    assert watchdog_line(5) in launch.output
+
+
+def test_a_watchdog_that_fired_fails_the_job_whatever_the_launcher_returned():
+    # Hydra under load has printed its watchdog's line and exited 0
+    assert job_status(0, f"...\n{watchdog_line(5)}\n{WATCHDOG_FIRED}") == 124
+    assert job_status(0, "all ranks done") == 0
+    assert job_status(110, WATCHDOG_FIRED) == 110
 
 
 def test_deadlock_past_the_watchdog_is_killed_with_its_process_group():
@@ -33,8 +42,11 @@ def test_deadlock_past_the_watchdog_is_killed_with_its_process_group():
     assert WATCHDOG_FIRED not in launch.output  # the test's kill ended it
     # The job's own files, seen mapped by its process group before the kill: another
     # test's job may leave (and remove) files meanwhile, so the directory is not compared.
-    assert launch.shm, "a 2-rank job on one host maps MPICH's shared memory"
+    assert launch.shm, f"a 2-rank job on one host maps {launcher()}'s shared memory"
     assert not [path for path in launch.shm if os.path.exists(path)]
+    # and Open MPI's session directory of the killed mpirun (MPICH makes none)
+    assert launch.session_dirs or launcher() == "mpich"
+    assert not [path for path in launch.session_dirs if os.path.exists(path)]
 
 
 def test_missing_rank_ends_with_a_timeout_naming_it():

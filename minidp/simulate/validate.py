@@ -156,7 +156,11 @@ def launch(ranks: int, flags: list[str], out: str, place: list[str]) -> list[dic
     env.setdefault("MPIEXEC_TIMEOUT", str(TIMEOUT_S - 30))
     status, output = run_job(cmd, TIMEOUT_S, env)
     if status != 0:
-        last = (output.strip().splitlines() or ["(no output)"])[-1]
+        # minidp's own error line, not the launcher's banner after it (Open MPI's mpirun
+        # reports a non-zero status in a box of dashes)
+        lines = output.strip().splitlines() or ["(no output)"]
+        last = next((line for line in reversed(lines) if line.startswith("error: ")),
+                    lines[-1])
         raise JobFailed(f"simulate --validate: a run failed (exit {status}), its last line: "
                         f"{last.strip()} -- the run: {shlex.join(cmd)}")
     with open(os.path.join(out, "metrics.jsonl")) as f:

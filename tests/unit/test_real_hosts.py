@@ -8,10 +8,12 @@ The node layout that a checkpoint records and compares; ``simulate --validate
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import hosts
 import hosts_cli
 import pytest
+from hosts_names import COUNTERS_ENV
 from mpi4py import MPI
 
 from minidp.comm.topology import machines
@@ -89,3 +91,23 @@ def test_each_host_gets_its_own_block_of_cpus(monkeypatch):
     with pytest.raises(ValueError, match=r"--cores-per-host: got 3, allowed: 1 to 2 \(5 CPUs "
                                          r"here for 2 hosts\)"):
         hosts_cli.host_cpus(2, 3)
+
+
+def test_open_mpis_placement_names_the_agent_the_links_the_hosts_and_every_variable():
+    """What mpirun is given for the hosts (tests/test_hosts.py runs it, as root only)."""
+    made = hosts.Hosts(2, name_prefix="mhu")
+    made.wrapper, made.workdir = Path("/w/ssh-wrapper.sh"), Path("/w")
+    args = made._mpirun_args(2, True, {"B": "2", "A": "1", COUNTERS_ENV: "old"})
+
+    def after(flag, *values):
+        at = [i for i in range(len(args)) if args[i:i + 1 + len(values)] == [flag, *values]]
+        return bool(at)
+
+    assert after("--mca", "plm_rsh_agent", "/w/ssh-wrapper.sh")
+    assert after("--mca", "oob_tcp_if_include", "mhubr")
+    assert after("--mca", "btl_tcp_if_include", "mhubr")
+    # Open MPI passes the ranks only the variables named: each of the job's, once
+    assert [args[i + 1] for i in range(len(args)) if args[i] == "-x"] == [
+        "A", "B", f"{COUNTERS_ENV}=/w/counters.sock"]
+    assert args[-4:] == ["--host", "mhuh0:2,mhuh1:2", "-n", "4"]
+    assert made._mpirun_args(2, False, {})[-2:] == ["--host", "mhuh0:2,mhuh1:2"]
