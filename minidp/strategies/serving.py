@@ -35,7 +35,9 @@ from collections.abc import Callable, Sequence
 
 FCFS, ROUND_ROBIN = "fcfs", "round_robin"
 MAX_SCRIPT = 100_000  # entries, once RxN is written out: a few integers each, in memory
-_ENTRY = re.compile(r"\s*(\d+)\s*(?:x\s*(\d+)\s*)?")
+# a rank and a count of at most 9 digits: a longer number is no rank (and int() of
+# thousands of digits is refused with a message that would not name the option)
+_ENTRY = re.compile(r"\s*(\d{1,9})\s*(?:x\s*(\d{1,9})\s*)?")
 ALLOWED = (f"{FCFS} (first come first served), {ROUND_ROBIN} (the workers in rank order, "
            "deterministic) or a script: worker ranks separated by commas, RxN for rank R "
            "N times (e.g. 2,3,1x4: the server takes the next message of each in turn, "

@@ -24,7 +24,8 @@ def test_a_script_writes_out_its_repeats_in_place():
 
 
 @pytest.mark.parametrize("text", ["", "1,,2", "1,", "one", "1x0", "1x", "x2", "-1", "1.5",
-                                  "1x2x3", "1;2", f"1x{MAX_SCRIPT},2", "fcfs,1"])
+                                  "1x2x3", "1;2", f"1x{MAX_SCRIPT},2", "fcfs,1",
+                                  "1" * 5000, "1x" + "9" * 5000])
 def test_what_is_not_a_script_is_none(text):
     assert parse_script(text) is None
     assert not is_order(text)
