@@ -99,11 +99,6 @@ class ServingOrder:
                                  "named at least once")
         self.position = 0  # the script's next entry
 
-    @property
-    def deterministic(self) -> bool:
-        """Whether the order is fixed (round_robin or a script), not the scheduler's."""
-        return self.script is not None
-
     def restart(self) -> None:
         """Back to the script's first entry (each epoch's serve loop starts here)."""
         self.position = 0

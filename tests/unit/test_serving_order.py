@@ -38,7 +38,6 @@ def test_the_named_orders_are_orders_and_nothing_near_them():
 
 def test_a_script_is_taken_in_turn_and_cycles():
     order = ServingOrder("2,3,1x2", [1, 2, 3], "asgd.order", 0)
-    assert order.deterministic
     assert taken(order, [1, 2, 3], 9) == [2, 3, 1, 1, 2, 3, 1, 1, 2]
 
 
@@ -66,8 +65,8 @@ def test_every_epoch_starts_at_the_first_entry():
 
 def test_first_come_first_served_names_no_worker():
     order = ServingOrder("fcfs", [1, 2, 3], "asgd.order", 0)
-    assert not order.deterministic
     assert order.next([1, 2, 3]) is None
+    assert order.script is None
 
 
 def test_a_script_of_other_ranks_or_one_that_leaves_a_worker_out_is_refused():
