@@ -14,7 +14,8 @@ WORLD_SIZES = [1, 2, 3, 4]
 # The stopped-rank cases sleep seconds each and do not depend on remainders: 4 ranks,
 # where the stopped rank is one of several. The Trainer's runs: one rank, one server with
 # one worker, two workers per server. The replays: one server and three workers.
-SIZES = {"test_guard": [4], "test_trainer": [1, 2, 4], "test_replay": [4]}
+SIZES = {"test_guard": [4], "test_trainer": [1, 2, 4], "test_replay": [4],
+         "test_replay_scripted": [4]}
 CASES = [(path, n) for path in SPMD_FILES
          for n in SIZES.get(os.path.basename(path)[:-3], WORLD_SIZES)]
 

@@ -211,6 +211,13 @@ class DynamicBatchSGD(ParameterServer):
         others = [w for w in self.topology.worker_ranks if w != self.topology.rank]
         return super().reply_from(server) + (others if self.round_mode else [])
 
+    def holds(self, worker: int) -> bool:
+        """``round``: whether ``worker``'s pull waits for the round's update.
+
+        A scripted order skips such a worker: it has nothing to send until the update.
+        """
+        return any(held == worker for held, _ in self.held)
+
     def on_pull(self, worker: int, wanted: int) -> None:
         """``round``: a worker that gave this round its gradient waits for the update."""
         if worker in self.round:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from minidp.strategies.base import Option
-from minidp.strategies.easgd_base import ORDERS, ElasticAveraging, ElasticServer
+from minidp.strategies.easgd_base import ElasticAveraging, ElasticServer
+from minidp.strategies.serving import ALLOWED, FCFS, is_order
 
 
 class ElasticAsync(ElasticServer):
@@ -25,11 +26,11 @@ class ElasticAsync(ElasticServer):
     The exchange travels while the worker computes (MPI progresses it inside the
     worker's waits and the network model's time runs from the post). Workers never wait
     for each other, only for the master's answer. ``order=round_robin`` serves the
-    workers in rank order instead (deterministic, for tests; still overlapped).
+    workers in rank order instead, ``order=1,1,2,3`` as the script says (deterministic:
+    the staleness of every exchange is chosen; still overlapped).
     """
 
     name = "easgd-async"
     options: ClassVar[dict[str, Option]] = dict(
         ElasticAveraging.options,
-        order=Option("fcfs", str, "fcfs (first come first served) or round_robin "
-                     "(workers in rank order: deterministic)", lambda v: v in ORDERS))
+        order=Option(FCFS, str, ALLOWED, is_order))

@@ -37,11 +37,11 @@ import numpy as np
 from minidp.comm import broadcast, guard, p2p
 from minidp.strategies.base import Option, Strategy
 from minidp.strategies.events import ELASTIC_WORKER_COLUMNS, MASTER_COLUMNS, EventLog
+from minidp.strategies.serving import ROUND_ROBIN, ServingOrder
 from minidp.trace import tracer
 
 TAG_PARAMS, TAG_CENTRE, TAG_DONE = 211, 212, 213
 DEFAULT_BETA = 0.9  # the EASGD paper's centre rate, split over the workers by default
-ORDERS = ("fcfs", "round_robin")  # how the master takes the workers (easgd-async's option)
 
 
 class ElasticAveraging(Strategy):
@@ -132,8 +132,9 @@ class ElasticServer(ElasticAveraging):
         At the end of its epoch's steps, i sends DONE (an 8-byte header)      [DONE]
 
     Rank 0's loop (``serve``) probes for the next message (``order``: any worker first
-    come first served, or the workers in rank order), answers it, and stops when every
-    worker has sent DONE. ``overlap``: the worker posts steps 1 and 3 (``isend``,
+    come first served, the workers in rank order, or a script of worker ranks:
+    :mod:`minidp.strategies.serving`), answers it, and stops when every worker has sent
+    DONE. ``overlap``: the worker posts steps 1 and 3 (``isend``,
     ``irecv``) before computing its gradient and waits for them after (SC17's Async
     EASGD); otherwise it sends and receives after computing (the original EASGD). The
     server's parameters are the centre: its checkpointed ``params`` and the model.
@@ -149,7 +150,9 @@ class ElasticServer(ElasticAveraging):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         t = self.topology
-        self.order = self.config.get("order", "round_robin")
+        # easgd-rr's master takes the workers in rank order; easgd-async's follows its option
+        self.order = ServingOrder(self.config.get("order", ROUND_ROBIN), t.worker_ranks,
+                                  f"{self.name}.order", t.rank)
         self.header = np.zeros(1, np.int64)
         self.requests: list[p2p.PeerRequest] = []
         # The replay's record (minidp.strategies.events): the worker's steps, the master's
@@ -225,17 +228,18 @@ class ElasticServer(ElasticAveraging):
     def serve(self) -> None:
         """Answer exchanges until every worker has sent DONE."""
         t = self.topology
-        active, turn = list(t.worker_ranks), 0
+        active = list(t.worker_ranks)
+        self.order.restart()
         while active:
-            turn %= len(active)
-            message = p2p.next_request(t, active, turn if self.order == "round_robin" else None)
+            worker = self.order.next(active)  # None: first come, first served
+            message = p2p.next_request(t, active,
+                                       None if worker is None else active.index(worker))
             started = time.perf_counter()
             if message.tag == TAG_DONE:
                 p2p.recv(self.header, message.source, TAG_DONE, t, "done")
                 active.remove(message.source)
             elif message.tag == TAG_PARAMS:
                 self.exchange(message.source)
-                turn += 1
             else:
                 raise ValueError(f"rank {t.rank}: unexpected message tag {message.tag} from "
                                  f"rank {message.source}")

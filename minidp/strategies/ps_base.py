@@ -39,6 +39,7 @@ from minidp.strategies.events import (
     EventLog,
     worker_columns,
 )
+from minidp.strategies.serving import ALLOWED, FCFS, ServingOrder, is_order
 from minidp.trace import tracer
 
 TAG_PULL, TAG_REPLY, TAG_PARAMS, TAG_PUSH, TAG_GRADIENT, TAG_DONE = range(201, 207)
@@ -58,7 +59,8 @@ class ParameterServer(Strategy):
            (no communication; a slow worker is slow here).
         3. push (step): w sends to every server [version pulled, samples, compute us]
            and the gradient's slice.
-        Server loop (serve): probe(ANY_SOURCE) and answer whatever came first:
+        Server loop (serve): probe(ANY_SOURCE) and answer whatever came first
+        (``order``: probe the next worker of the order instead):
         a pull (grant while the epoch's budget lasts; the answer goes out with
         isend from a copy of the slice, completed at w's next pull), a push
         (receive, then on_gradient: here w <- w - lr * g at once, version += 1), a DONE.
@@ -67,15 +69,17 @@ class ParameterServer(Strategy):
     Workers wait for their own pulls (and, for large gradients, until the server takes
     their push: MPI's rendezvous); they never wait for each other. The server waits only
     when idle: it never waits for a worker to take its parameters. With one worker this
-    is exactly sequential SGD; with ``order=round_robin`` (one server) the server takes
-    the workers' messages in turn, which makes runs deterministic for tests.
+    is exactly sequential SGD. ``order`` (one server) fixes the order instead of the
+    scheduler: ``round_robin`` takes the workers' messages in turn, a script such as
+    ``2,3,1x12`` takes them as written (:mod:`minidp.strategies.serving`); the run, every
+    gradient's staleness included, is then the same every time.
     """
 
     options: ClassVar[dict[str, Option]] = {
         "servers": Option(1, int, "an int >= 1 (ranks 0..K-1 serve parameter slices)",
                           lambda v: v >= 1),
-        "order": Option("fcfs", str, "fcfs (first come first served) or round_robin "
-                        "(deterministic, one server)", lambda v: v in ("fcfs", "round_robin")),
+        "order": Option(FCFS, str, f"{ALLOWED}; round_robin and scripts with one server",
+                        is_order),
         "epoch": Option("budget", str, "budget (the workers share the epoch's samples: fast "
                         "ones take more) or shard (each worker its own equal share)",
                         lambda v: v in ("budget", "shard")),
@@ -97,9 +101,14 @@ class ParameterServer(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         t = self.topology
-        if self.config["order"] == "round_robin" and t.num_servers > 1:
-            raise ValueError(f"rank {t.rank}: {self.name}.order: got 'round_robin' with "
-                             f"{t.num_servers} servers, allowed: round_robin with one server")
+        order = self.config["order"]
+        if order != FCFS and t.num_servers > 1:
+            # A worker pulls from the servers one after another: two servers each waiting
+            # for its own choice of worker could wait for each other through them.
+            raise ValueError(f"rank {t.rank}: {self.name}.order: got {order!r} with "
+                             f"{t.num_servers} servers, allowed: fcfs, or round_robin or a "
+                             "script with one server")
+        self.order = ServingOrder(order, t.worker_ranks, f"{self.name}.order", t.rank)
         bounds = chunk_bounds(self.flat.size, t.num_servers)
         self.slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
         self.header = np.zeros(4, np.int64)
@@ -197,16 +206,15 @@ class ParameterServer(Strategy):
         """Answer pulls, pushes and DONEs until every worker's epoch is over."""
         t = self.topology
         self.active = list(t.worker_ranks)
-        turn = 0
+        self.order.restart()
         while self.active:
-            turn %= len(self.active)
-            message = p2p.next_request(t, self.active, turn if self.config["order"] ==
-                                       "round_robin" else None)
+            # fcfs: whoever comes first; else the order's next worker that can send
+            worker = self.order.next(self.active, self.holds)
+            message = p2p.next_request(t, self.active,
+                                       None if worker is None else self.active.index(worker))
             started = time.perf_counter()
             self.handle(message.source, message.tag)
             self.stats["busy_s"] += time.perf_counter() - started
-            if message.source in self.active:
-                turn += 1  # else the next worker has moved into this turn's place
         for worker in t.worker_ranks:
             self.sent(worker)
         self.events.add(EPOCH_END, -1, 0, 0)
@@ -232,6 +240,10 @@ class ParameterServer(Strategy):
             self.on_pull(worker, int(self.header[0]))
         else:
             raise ValueError(f"rank {t.rank}: unexpected message tag {tag} from rank {worker}")
+
+    def holds(self, worker: int) -> bool:
+        """Whether ``worker``'s pull waits at this server (here never; ``dbs``'s rounds)."""
+        return False
 
     def on_pull(self, worker: int, wanted: int) -> None:
         """A pull asking for ``wanted`` samples: answered at once (``dbs`` may hold it)."""

@@ -194,6 +194,58 @@ def test_round_robin_is_algorithm_1_with_the_workers_in_rank_order():
         np.testing.assert_allclose(s.flat.data, mine, rtol=0, atol=1e-13)
 
 
+def easgd_in_scripted_order(workers, script, epochs=2, batches=3, lr=LR):
+    """Algorithm 1 with the master taking the workers as ``script`` (a list of ranks) says,
+    in one process: each epoch from the script's first entry, cycling; a named worker
+    takes its next step (each one an exchange, tau = 1) or, its steps done, its DONE;
+    after that its entries are passed over."""
+    layers.manual_seed(0)
+    models = {w: layers.mlp(FEATURES, (10,), CLASSES).to(np.float64) for w in workers}
+    xs = {w: m.flat_parameters() for w, m in models.items()}
+    for x in xs.values():
+        x.data[...] = xs[workers[0]].data
+    centre, alpha = xs[workers[0]].data.copy(), 0.9 / len(workers)
+    for epoch in range(epochs):
+        steps, active, entry = dict.fromkeys(workers, 0), list(workers), 0
+        while active:
+            worker = script[entry % len(script)]
+            entry += 1
+            if worker not in active:
+                continue
+            if steps[worker] == batches:
+                active.remove(worker)  # its DONE
+                continue
+            x = xs[worker]
+            gradient(models[worker], *batch(epoch, worker, steps[worker]))
+            d = alpha * (x.data - centre)
+            x.data[...] = x.data - lr * x.grad - d
+            centre += d
+            steps[worker] += 1
+    return centre, {w: x.data for w, x in xs.items()}
+
+
+@pytest.mark.parametrize("name", ["easgd-async", "measgd-async"])
+def test_a_scripted_master_is_algorithm_1_in_the_scripts_order(name):
+    topo = topology_for(name)
+    if topo is None:
+        pytest.skip("needs a master and a worker: 2 ranks or more")
+    # the last worker twice, then every worker in rank order: worker order 3 3 1 2 3 ...
+    # at 4 ranks (measgd-async with delta = 0 is easgd-async: Algorithm 1 too)
+    workers = topo.worker_ranks
+    options = {"delta": 0.0} if name == "measgd-async" else {}
+    text = f"{workers[-1]}x2," + ",".join(map(str, workers))
+    centre, _, s, _ = drive(name, topo, order=text, **options)
+    script = [workers[-1], workers[-1], *workers]
+    expected_centre, expected_workers = easgd_in_scripted_order(workers, script)
+    np.testing.assert_allclose(centre, expected_centre, rtol=0, atol=1e-13)
+    if topo.role == "worker":
+        np.testing.assert_allclose(s.flat.data, expected_workers[topo.rank], rtol=0,
+                                   atol=1e-13)
+    in_rank_order, _ = easgd_in_rank_order(workers)
+    if len(workers) > 1:  # the script's order is another run: the centre shows it
+        assert np.abs(expected_centre - in_rank_order).max() > 1e-6
+
+
 def spread(s):
     """Move each worker away from the centre by its own amount."""
     s.flat.data += 0.01 * (s.topology.rank + 1) * np.linspace(-1, 1, s.flat.size)

@@ -164,11 +164,19 @@ def test_dbs_batch_sizes_sum_to_the_total_and_follow_the_speeds():
             assert abs(b - BASE * topo.num_workers * speeds[r] / total) <= 1
 
 
-@pytest.mark.parametrize("servers,order", [(1, "fcfs"), (1, "round_robin"), (2, "fcfs")])
+def held_first(workers):
+    """A script that names the first worker four times in a row, then the others once:
+    under dbs's rounds its second pull waits for the round, and the script must pass it."""
+    return ",".join([f"{workers[0]}x4"] + [str(w) for w in workers[1:]])
+
+
+@pytest.mark.parametrize("servers,order", [(1, "fcfs"), (1, "round_robin"), (2, "fcfs"),
+                                           (1, held_first)])
 def test_dbs_rounds_of_fixed_sizes_are_synchronous_sgd(servers, order):
     if world.size <= servers:
         pytest.skip("needs the servers and a worker")
     topo = topology(world.size, servers)
+    order = order if isinstance(order, str) else order(topo.worker_ranks)
     momentum = {"momentum": 0.9}
     got, stats, s = drive("dbs", topo, optimizer=momentum, servers=servers, order=order,
                           update="round", min_batch=BASE, max_batch=BASE)
@@ -231,3 +239,22 @@ def test_a_strategy_that_steps_parts_of_the_model_refuses_lars(name, servers):
     with pytest.raises(ValueError, match=rf"rank {world.rank}: --optimizer: got LARS, allowed "
                                          rf"with {name}: sgd \(the \w+ appl"):
         build(name, topology(world.size, servers), optimizer={"lars": True})
+
+
+def test_an_order_that_cannot_be_followed_is_refused_on_every_rank():
+    if world.size < 3:
+        pytest.skip("needs a server and two workers: 3 ranks or more")
+    topo = topology(world.size, 1)
+    workers = ", ".join(map(str, topo.worker_ranks))
+    with pytest.raises(ValueError, match=rf"^rank {world.rank}: asgd.order: got '1,{world.size}' "
+                                         rf"\({world.size} not a worker\), allowed: the worker "
+                                         rf"ranks {workers}, each named at least once$"):
+        build("asgd", topo, order=f"1,{world.size}")
+    with pytest.raises(ValueError, match=rf"^rank {world.rank}: softsync.order: got '1x2' "
+                                         r"\(worker\(s\) 2"):
+        build("softsync", topo, order="1x2")
+    two = topology(world.size, 2)
+    with pytest.raises(ValueError, match=rf"^rank {world.rank}: amsgd.order: got '2' with 2 "
+                                         r"servers, allowed: fcfs, or round_robin or a script "
+                                         r"with one server$"):
+        build("amsgd", two, servers=2, order="2")

@@ -9,7 +9,8 @@ comments. lr 0.1 and weight decay 0.1 unless said.
 
 The servers take their workers in turn (``order=round_robin``), which fixes who pulls
 and pushes when: in each round every worker pulls, then every worker pushes, so the
-j-th push of a round (0-based) meets staleness j when each gradient is an update.
+j-th push of a round (0-based) meets staleness j when each gradient is an update. A
+scripted order (``order=2,3,1x12,...``) fixes it likewise where a case needs more.
 Ranks beyond a case's roles wait at the barrier; a case skips below its rank count.
 """
 
@@ -118,6 +119,34 @@ def test_softsync_in_turn_meets_staleness_0_1_2_with_its_rule(rule, n, wd, grads
         if topo.rank == 0:
             print(f"softsync n={n} {rule}: staleness {stats['staleness_histogram'][:3]}")
             assert stats["staleness_histogram"][:3] == [1, 1, 1]
+            assert stats["updates"] == 3
+    world.Barrier()
+
+
+@pytest.mark.parametrize("rule,expected", [
+    # the third buffer, mean staleness 4/3: lr / (4/3) = 0.075 on the mean (6 + 3 + 6) / 3
+    # = 5: 0.7 - 0.375 = 0.325 (the rate not divided: 0.2)
+    ("mean", 0.325),
+    # each gradient over its own staleness: (6/2 + 3/2 + 6/1) / 3 = 3.5 at lr 0.1:
+    # 0.7 - 0.35 = 0.35 (divided by sigma + 1: 3 and 0.4)
+    ("each", 0.35),
+])
+def test_softsync_scripted_buffer_of_mean_staleness_above_1(rule, expected):
+    topo = roles(4, 1)
+    if topo is not None:
+        # c = 3 (n = 1), budget 3 x 4 x 3 = 36 samples: 9 batches. The script: workers 2
+        # and 3 pull at version 0; worker 1 pulls and pushes six times: updates 1 and 2,
+        # of the means (3 + 0 + 0) / 3 = 1 and (3 + 3 + 0) / 3 = 2 at sigma 0:
+        # w = 1 - 0.1 - 0.2 = 0.7; then workers 2 and 3 push (sigma 2 each, gradients 6
+        # and 3) and worker 1 pulls and pushes 6 (sigma 0): the third update
+        got, s = drive("softsync", topo, {1: [3.0, 0.0, 0.0, 3.0, 3.0, 0.0, 6.0], 2: [6.0],
+                                          3: [3.0]}, {}, batches=3, n=1, rule=rule,
+                       order="2,3,1x12,2,3,1x2")
+        assert got.tolist() == [close(expected)] * got.size
+        stats = s.epoch_stats()
+        if topo.rank == 0:
+            print(f"softsync scripted {rule}: staleness {stats['staleness_histogram'][:3]}")
+            assert stats["staleness_histogram"][:3] == [7, 0, 2]
             assert stats["updates"] == 3
     world.Barrier()
 
