@@ -74,7 +74,8 @@ class Trainer:
         self.config = c = config.check()
         if c.comm_timeout is not None:
             guard.set_timeout(c.comm_timeout)
-        servers = strategies.strategy_class(c.strategy).servers_needed(c.options)
+        kind = strategies.strategy_class(c.strategy)  # its facts first, then the strategy
+        servers = kind.servers_needed(c.options)
         self.topology = t = Topology(comm, c.ranks_per_node, servers)
         self.rank, self.size, self.is_worker = t.rank, t.size, t.role == "worker"
         self.device = backend.select_device(t.host_rank)
@@ -93,9 +94,8 @@ class Trainer:
                                               c.momentum, c.nesterov, c.weight_decay,
                                               c.trust_coefficient)
         if explained and self.rank == 0:
-            Explainer.introduce(strategies.strategy_class(c.strategy))
-        self.strategy = strategies.get(c.strategy, self.model, self.optimizer, t,
-                                       allreduce=c.allreduce, **c.options)
+            Explainer.introduce(kind)
+        self.strategy = kind(self.model, self.optimizer, t, allreduce=c.allreduce, **c.options)
         notice = self.strategy.ignored_notice(c.options, given_settings(c))
         if notice and self.rank == 0:
             print(notice, flush=True)
@@ -273,13 +273,15 @@ class Trainer:
             self.strategy.resume_at(steps)
             batches.skip(steps * self.batch_size)
             record.partial = None
+        model = self.compute.model  # the host model, or its replica on this rank's GPU
         while n := self.strategy.batch_size(self.batch_size):
             with tr.phase("data"):
-                self.compute.begin_batch()  # the parameters go up while the batch is read
+                self.compute.parameters_to_device()  # goes up while the batch is read
                 x, y = self.compute.inputs(*batches.take(n))
             computed = time.perf_counter()
             with tr.phase("forward"):
-                loss = F.cross_entropy(self.compute.model(Tensor(x)), y)
+                model.zero_grad()
+                loss = F.cross_entropy(model(Tensor(x)), y)
             with tr.phase("backward"):
                 loss.backward()
                 self.compute.gradients_to_host()

@@ -29,6 +29,7 @@ class ElasticAsync(ElasticServer):
     """
 
     name = "easgd-async"
+    default_rates = (0.1, 0.0)  # plain SGD pulled towards the centre, as easgd-rr
     options: ClassVar[dict[str, Option]] = dict(
         ElasticAveraging.options,
         order=Option("fcfs", str, "fcfs (first come first served) or round_robin "
