@@ -11,7 +11,8 @@ allreduce over every rank (``--allreduce mpi``, sync's default); ``--allreduce
 hierarchical`` sums inside each node through its shared-memory window, then across the
 nodes. ``python -m minidp train --strategy sync`` is this loop plus timing, outputs and
 checkpoints; the learning rate and momentum here are the ``sync`` defaults of
-``minidp train`` (docs/configuration.md).
+``minidp train``, a fact on the strategy's class (``SyncSGD.default_rates``;
+docs/configuration.md).
 """
 
 import numpy as np
@@ -25,7 +26,7 @@ from minidp.io.mdp import read_mdp
 from minidp.io.readers import MPIIOReader
 from minidp.io.training_data import prepare_on_rank0
 from minidp.optim import SGD
-from minidp.run.config import BATCH_SIZE, STRATEGY_RATES
+from minidp.run.config import BATCH_SIZE
 
 
 def main():
@@ -41,7 +42,7 @@ def main():
     mean, std = NORMALIZATION[name]
     layers.manual_seed(0)
     model = layers.lenet5()
-    lr, momentum = STRATEGY_RATES["sync"]
+    lr, momentum = strategies.SyncSGD.default_rates
     optimizer = SGD(model.parameters(), lr=lr, momentum=momentum)
     # broadcasts rank 0's weights: every replica starts alike
     sync = strategies.get("sync", model, optimizer, topology, allreduce=args.allreduce)

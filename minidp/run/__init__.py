@@ -2,7 +2,8 @@
 
 Read in this order: ``config.py`` (:class:`~minidp.run.config.TrainConfig` and its checks)
 and ``flags.py`` (the command line and TOML files that fill it), ``trainer.py`` (the loop),
-``replica.py`` (the GPU path), ``state.py`` and ``checkpoint.py`` (what a checkpoint
+``replica.py`` (the GPU path: it only moves data), ``evaluation.py`` (the consensus
+model evaluated at each epoch's end), ``state.py`` and ``checkpoint.py`` (what a checkpoint
 holds, and how it is written and resumed), ``rank_file.py`` (one rank's file of it, read
 back checked) and ``compatible.py`` (whether a checkpoint can continue this run),
 ``rundir.py`` (one run per directory), ``claim.py`` (the job that holds it, alive or

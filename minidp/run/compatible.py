@@ -14,9 +14,10 @@ Two checks, both before anything is restored (:func:`minidp.run.checkpoint.load`
   something depends on the total (a cosine, step or poly schedule; DASO's cool-down),
   and a checkpoint at or past ``--epochs`` is a finished run. ``--lr`` may change (the
   advice after a divergence is to resume with a lower rate). Another world size is
-  allowed for ``sync`` only, where every replica holds the same state; a checkpoint
+  allowed only where every replica holds the same state (``sync``); a checkpoint
   taken between batches resumes on its own world size only (its position in the
-  epoch is a position in each rank's shard).
+  epoch is a position in each rank's shard). Both rules are facts on the strategy's
+  class: ``Strategy.fixed_epochs(options)`` and ``Strategy.any_world_size``.
 
 Every problem found is listed in one message, each with both values.
 """
@@ -28,6 +29,7 @@ import zlib
 from typing import Any
 
 from minidp.run.errors import UsageError
+from minidp.strategies import STRATEGIES, strategy_class
 from minidp.trace import PHASES
 
 FORMAT = 2  # 1: the checkpoints of minidp before issue 40 (no format key, no run id)
@@ -40,7 +42,6 @@ COMPUTATION = ("model", "dataset", "strategy", "options", "batch_size", "global_
                "schedule", "warmup_epochs", "seed", "train_samples", "test_samples", "reader",
                "ranks_per_node", "dtype", "allreduce")
 TOTAL_SCHEDULES = ("cosine", "step", "poly")  # their steps are counted from --epochs
-ANY_WORLD_SIZE = ("sync",)  # strategies whose replicas all hold the same state
 
 
 def checksum(meta: dict[str, Any]) -> int:
@@ -182,7 +183,9 @@ def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: in
                         f"{nodes}")
     if data is not None:
         problems += _other_files(meta.get("data"), json.loads(json.dumps(data)))
+    strategy = strategy_class(now["strategy"])
     done, epochs = meta["epoch"], now["epochs"]
+    fixed = strategy.fixed_epochs(now["options"])
     if done >= epochs:
         problems.append(f"the run is complete (checkpoint at epoch {done}, --epochs {epochs}); "
                         f"allowed: --epochs above {done} to train on")
@@ -191,20 +194,20 @@ def check_resumable(meta: dict[str, Any], config: dict[str, Any], world_size: in
             problems.append(f"--epochs: checkpoint {saved.get('epochs')}, now {epochs}, but "
                             f"--schedule {now['schedule']} counts its steps from the total "
                             "number of epochs, so it cannot change on resume")
-        elif now["strategy"] == "daso" and now["options"].get("cooldown_epochs"):
+        elif fixed:
             problems.append(f"--epochs: checkpoint {saved.get('epochs')}, now {epochs}, but "
-                            "daso places its cool-down epochs at the end of the run, so it "
-                            "cannot change on resume")
+                            f"{fixed}, so it cannot change on resume")
     if meta["world_size"] != world_size and meta.get("batch"):
         problems.append(f"world size: checkpoint {meta['world_size']} ranks, now {world_size}; "
                         f"it was taken between batches (batch {meta['batch']} of epoch "
                         f"{done + 1}), a position in each rank's shard, so it resumes only on "
                         f"{meta['world_size']} ranks")
-    elif meta["world_size"] != world_size and now["strategy"] not in ANY_WORLD_SIZE:
+    elif meta["world_size"] != world_size and not strategy.any_world_size:
+        anywhere = [name for name, cls in STRATEGIES.items() if cls.any_world_size]
         problems.append(f"world size: checkpoint {meta['world_size']} ranks, now {world_size}; "
                         f"strategy {now['strategy']!r} keeps a different state on every rank, "
                         f"so it resumes only on {meta['world_size']} ranks (allowed on any "
-                        f"number: {', '.join(ANY_WORLD_SIZE)})")
+                        f"number: {', '.join(anywhere)})")
     if problems:
         raise UsageError(f"--resume: cannot continue checkpoint '{where}': "
                          + "; ".join(problems))

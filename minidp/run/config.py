@@ -20,27 +20,15 @@ from minidp.io.readers import READERS
 from minidp.layers import MODELS
 from minidp.optim import OPTIMIZERS, SCHEDULES
 from minidp.run import faults
-from minidp.strategies import names, strategy_class
+from minidp.strategies import STRATEGIES, SyncSGD, names, strategy_class
 
 DTYPES = ("float32", "float64")
 RESUME = ("no", "yes", "auto")
 BATCH_SIZE = 32  # per worker, when neither --batch-size nor --global-batch-size is given
 
-# (lr, momentum) of a strategy when --lr / --momentum are not given. Chosen so that every
-# strategy's training loss falls every epoch for 3 epochs on mnist-5k (LeNet-5, batch 32
-# per worker, 4 ranks; tests/test_defaults.py) and `make demo` reaches 85%
-# (docs/configuration.md). Momentum 0 where the strategy applies plain SGD (its
-# --momentum would be unused; softsync's server too, unless server_momentum); amsgd's
-# server momentum mixes stale gradients, which adds momentum of its own, so it keeps
-# less; the elastic workers' plain SGD is pulled back towards the centre at every
-# exchange, so it takes larger steps.
-MOMENTUM_SGD = (0.02, 0.9)
-STRATEGY_RATES = {
-    "sync": MOMENTUM_SGD, "hsgd": MOMENTUM_SGD, "hbsgd": MOMENTUM_SGD, "daso": MOMENTUM_SGD,
-    "softsync": (0.1, 0.0), "amsgd": (0.02, 0.7), "asgd": (0.02, 0.0), "dbs": (0.02, 0.0),
-    "hogwild": (0.05, 0.0), "easgd-rr": (0.1, 0.0), "easgd-async": (0.1, 0.0),
-    "easgd-hogwild": (0.1, 0.0), "easgd-sync": (0.1, 0.0), "measgd-async": (0.02, 0.0),
-}
+# (lr, momentum) of each strategy when --lr / --momentum are not given: a fact on its
+# class (Strategy.default_rates, where each says why), gathered for the pages and reports.
+STRATEGY_RATES = {name: cls.default_rates for name, cls in STRATEGIES.items()}
 
 # Bounds of the modelling knobs: a factor or a modelled time beyond them would sleep for
 # years (or overflow time.sleep), and the other ranks would time out waiting.
@@ -55,11 +43,11 @@ class TrainConfig:
 
     model: str = "lenet5"
     dataset: str = "fashion-mnist"
-    strategy: str = "sync"
+    strategy: str = SyncSGD.name
     epochs: int = 5
     batch_size: int | None = None
     global_batch_size: int | None = None
-    lr: float | None = None  # None: the strategy's rate (STRATEGY_RATES)
+    lr: float | None = None  # None: the strategy's rate (Strategy.default_rates)
     momentum: float | None = None
     nesterov: bool = False
     weight_decay: float = 0.0
@@ -128,7 +116,7 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{flag_name(name)}: got {getattr(self, name)!r}, allowed: "
                                  f"{', '.join(allowed)}")
-        lr, momentum = STRATEGY_RATES[self.strategy]
+        lr, momentum = strategy_class(self.strategy).default_rates
         self.lr = lr if self.lr is None else self.lr
         self.momentum = momentum if self.momentum is None else self.momentum
         self.options = strategy_options(self.strategy, self.options)

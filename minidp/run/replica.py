@@ -5,14 +5,17 @@ updates the host model's flat buffers; none of them ever sees a device array. On
 GPU backend the Trainer computes on a replica of the model on this rank's GPU and
 exchanges exactly two flat buffers with the host per step::
 
-    1. begin_batch        host parameters -> device  (after the strategy's pull/update;
-                                                     a side stream, overlapping the
-                                                     host's preparation of the batch)
-    2. forward, backward on the device               (device gradients, zeroed at 1.)
-    3. gradients_to_host  device gradients -> host   (into the strategy's gradient
-                                                     buffer, page-locked: a node
-                                                     window's segment goes by DMA)
-    4. strategy.step() on the host                   (reductions, optimizer)
+    1. parameters_to_device  host parameters -> device  (after the strategy's pull or
+                                                        update; a side stream, overlapping
+                                                        the host's preparation of the batch)
+    2. zero_grad, forward, backward on the device       (the Trainer's loop, as on the CPU)
+    3. gradients_to_host     device gradients -> host   (into the strategy's gradient
+                                                        buffer, page-locked: a node
+                                                        window's segment goes by DMA)
+    4. strategy.step() on the host                      (reductions, optimizer)
+
+The replica only moves data: the loop itself (zero the gradients, forward, backward,
+step) is the Trainer's, the same lines on either device.
 
 BatchNorm statistics change in forward, on the device: they go down before the
 epoch's end work (averaging over workers, checkpoint) and up at each epoch's start
@@ -46,11 +49,6 @@ class HostCompute:
     def inputs(self, x: Any, y: Any) -> tuple[Any, Any]:
         """The batch as the model takes it (host arrays: as they are)."""
         return x, y
-
-    def begin_batch(self) -> None:
-        """Before each batch: the parameters to where compute runs, gradients zeroed."""
-        self.parameters_to_device()
-        self.flat.zero_grad()
 
     def parameters_to_device(self) -> None:
         """Nothing to move: forward reads the host parameters."""

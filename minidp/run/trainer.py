@@ -3,16 +3,19 @@
 The loop is driven by data, not by a count. Per epoch, on every rank::
 
     strategy.begin_epoch
-    worker: while n := strategy.batch_size(b): data(n) | forward | backward | strategy.step
+    worker: while n := strategy.batch_size(b):
+                data(n) | zero_grad | forward | backward | strategy.step
     server: strategy.serve()             (until every worker's epoch is over)
     every rank: epoch timers and loss reduced -> strategy.end_epoch -> BatchNorm
     statistics averaged over the workers -> evaluation of strategy.consensus() on the
-    test set (each rank a contiguous block, sums reduced) -> metrics.jsonl -> checkpoint
+    test set (each rank a contiguous block, sums reduced: :mod:`minidp.run.evaluation`)
+    -> metrics.jsonl -> checkpoint
 
 On a GPU (``MINIDP_BACKEND=cupy``) forward and backward run on a replica of the model on
 the device (:mod:`minidp.run.replica`): the parameters go up before each batch, the gradients
-come down after backward, and everything else (strategy, optimizer, checkpoints) works
-on the host model as on the CPU; the copies are timed in ``data`` and ``backward``.
+come down after backward, and everything else (the loop's lines, strategy, optimizer,
+checkpoints) is the CPU's, on the host model; the copies are timed in ``data`` and
+``backward``.
 
 Phases (``data, forward, backward, comm_intra, comm_inter, wait, optimizer``) are
 timed by the tracer; the communication layer reports its own. ``--slowdown RANK:F``
@@ -24,21 +27,18 @@ model), ``summary.json``, then ``trace.json`` (docs/design.md).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from minidp import Tensor, backend, layers, no_grad, optim, strategies, threads
+from minidp import Tensor, backend, layers, optim, strategies, threads
 from minidp import functional as F
 from minidp.comm import (
     Communicator,
     NetworkModel,
     Topology,
-    allreduce,
     broadcast_object,
     guard,
     mpi_library,
@@ -49,7 +49,7 @@ from minidp.comm import (
 from minidp.comm.network import COUNTED
 from minidp.io.training_data import Batches, open_training_data
 from minidp.optim import LRScheduler
-from minidp.run import faults, run_json, rundir
+from minidp.run import evaluation, faults, run_json, rundir
 from minidp.run import state as train_state
 from minidp.run.config import TrainConfig
 from minidp.run.console import Explainer, Progress, explain_steps, first_line
@@ -74,7 +74,8 @@ class Trainer:
         self.config = c = config.check()
         if c.comm_timeout is not None:
             guard.set_timeout(c.comm_timeout)
-        servers = strategies.strategy_class(c.strategy).servers_needed(c.options)
+        kind = strategies.strategy_class(c.strategy)  # its facts first, then the strategy
+        servers = kind.servers_needed(c.options)
         self.topology = t = Topology(comm, c.ranks_per_node, servers)
         self.rank, self.size, self.is_worker = t.rank, t.size, t.role == "worker"
         self.device = backend.select_device(t.host_rank)
@@ -93,9 +94,8 @@ class Trainer:
                                               c.momentum, c.nesterov, c.weight_decay,
                                               c.trust_coefficient)
         if explained and self.rank == 0:
-            Explainer.introduce(strategies.strategy_class(c.strategy))
-        self.strategy = strategies.get(c.strategy, self.model, self.optimizer, t,
-                                       allreduce=c.allreduce, **c.options)
+            Explainer.introduce(kind)
+        self.strategy = kind(self.model, self.optimizer, t, allreduce=c.allreduce, **c.options)
         notice = self.strategy.ignored_notice(c.options, given_settings(c))
         if notice and self.rank == 0:
             print(notice, flush=True)
@@ -235,10 +235,11 @@ class Trainer:
         world_max(seconds, self.topology, "epoch timers")
         signalled = bool(seconds[-1])
         seconds = seconds[:-1]
-        loss_sum, steps, samples = self._world_sum(np.array([loss_sum, steps, samples]))
+        loss_sum, steps, samples = evaluation.world_sum(np.array([loss_sum, steps, samples]),
+                                                        self.topology)
         train_loss = float(loss_sum / max(steps, 1))
         self.strategy.end_epoch(epoch, train_loss)
-        self._average_buffers()
+        evaluation.average_buffers(self.strategy, self.topology, self.is_worker)
         wall = float(seconds[-1])
         self._add_totals(wall)
         test_loss, accuracy = self.evaluate()
@@ -273,13 +274,15 @@ class Trainer:
             self.strategy.resume_at(steps)
             batches.skip(steps * self.batch_size)
             record.partial = None
+        model = self.compute.model  # the host model, or its replica on this rank's GPU
         while n := self.strategy.batch_size(self.batch_size):
             with tr.phase("data"):
-                self.compute.begin_batch()  # the parameters go up while the batch is read
+                self.compute.parameters_to_device()  # goes up while the batch is read
                 x, y = self.compute.inputs(*batches.take(n))
             computed = time.perf_counter()
             with tr.phase("forward"):
-                loss = F.cross_entropy(self.compute.model(Tensor(x)), y)
+                model.zero_grad()
+                loss = F.cross_entropy(model(Tensor(x)), y)
             with tr.phase("backward"):
                 loss.backward()
                 self.compute.gradients_to_host()
@@ -298,69 +301,21 @@ class Trainer:
                 return None
         return loss_sum, steps, samples
 
-    def _world_sum(self, values: np.ndarray) -> np.ndarray:
-        return allreduce(values.astype(np.float64), self.topology, "mpi")
-
-    def _average_buffers(self) -> None:
-        """BatchNorm statistics: averaged over the workers at each epoch's end (one model)."""
-        buffers = self.strategy.float_buffers()
-        if not buffers:
-            return
-        flat = np.concatenate([b.reshape(-1) for b in buffers]).astype(np.float64)
-        if not self.is_worker:
-            flat[...] = 0  # servers hold no statistics of their own
-        flat = self._world_sum(flat) / self.topology.num_workers
-        offset = 0
-        for b in buffers:
-            b[...] = flat[offset:offset + b.size].reshape(b.shape)
-            offset += b.size
-
     def evaluate(self) -> tuple[float, float]:
-        """(mean loss, accuracy) of the consensus model: each rank its test block, sums reduced."""
-        sums, model = np.zeros(3), self.compute.model
-        with self._consensus_parameters(), no_grad():
-            self.compute.parameters_to_device()
-            self.compute.buffers_to_device()
-            model.eval()
-            for batch in self.data.test_batches(self.dtype):
-                x, y = self.compute.inputs(*batch)
-                out = model(Tensor(x))
-                sums[0] += F.cross_entropy(out, y, reduction="sum").item()
-                sums[1] += int((out.data.argmax(axis=1) == y).sum())
-                sums[2] += len(y)
-        model.train()
-        total = self._world_sum(sums)
-        return float(total[0] / total[2]), float(total[1] / total[2])
+        """(mean loss, accuracy) of the consensus model (:func:`evaluation.evaluate`)."""
+        return evaluation.evaluate(self.compute, self.data, self.strategy, self.topology,
+                                   self.dtype)
 
     # -- output ---------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _consensus_parameters(self) -> Iterator[None]:
-        """Inside: the model holds the strategy's consensus parameters; after: its own.
-
-        Nothing is written where the consensus is the parameters themselves: DASO's node
-        ranks may share them (one replica in a node window).
-        """
-        flat, consensus = self.strategy.flat, self.strategy.consensus()
-        if consensus is flat.data:
-            yield
-            return
-        own = flat.data.copy()
-        flat.data[...] = consensus
-        try:
-            yield
-        finally:
-            flat.data[...] = own
-
     def consensus_state(self) -> dict[str, np.ndarray]:
         """The result model's state_dict (the strategy's consensus parameters)."""
-        with self._consensus_parameters():
-            return {k: np.array(v) for k, v in self.model.state_dict().items()}
+        return evaluation.consensus_state(self.model, self.strategy)
 
     def _finish(self) -> dict[str, Any]:
         state = self.consensus_state()
         counters = np.array([self.record.totals.get(k, 0) for k in COUNTERS], np.float64)
-        totals = self._world_sum(counters)
+        totals = evaluation.world_sum(counters, self.topology)
         summary = self._summary(dict(zip(COUNTERS, totals.astype(int).tolist())))
         self.files.write_results(state, summary)
         # for minidp replay; after the results, which a failed write must never cost

@@ -40,6 +40,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 
 from minidp.comm.network import NetworkModel, ring_traffic
+from minidp.strategies import DASO, HierarchicalBulkSGD, HierarchicalSGD, SyncSGD
 from minidp.strategies.daso_schedule import BatchSchedule
 
 RULES = ("mpich", "emulated")
@@ -236,6 +237,7 @@ class Epoch:
     batches: int
     compute_s: float
     comm_s: float
+    phase: str = ""  # the part of a run it predicts (DASO: blocking, cycling); "": all
 
     @property
     def label(self) -> str:
@@ -254,16 +256,16 @@ class Epoch:
 
 
 def make_epoch(strategy: str, setting: str, cluster: Cluster, batches: int,
-               comm_s: float) -> Epoch:
+               comm_s: float, phase: str = "") -> Epoch:
     """The epoch of ``batches`` steps: the node's compute each, and ``comm_s`` in all."""
-    return Epoch(strategy, setting, batches, batches * cluster.node.compute(), comm_s)
+    return Epoch(strategy, setting, batches, batches * cluster.node.compute(), comm_s, phase)
 
 
 def sync_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
                algorithm: str) -> Epoch:
     """sync: the gradient allreduce (mean) every step; the buffer is in the node window."""
     step = world_allreduce(cluster, algorithm, nbytes, itemsize)
-    return make_epoch("sync", algorithm, cluster, batches, batches * step)
+    return make_epoch(SyncSGD.name, algorithm, cluster, batches, batches * step)
 
 
 def hsgd_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
@@ -271,14 +273,14 @@ def hsgd_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
     """hsgd: gradients through node and rails every step, or periodic parameter averages."""
     if options["average"] == "gradients":
         step = world_allreduce(cluster, "hierarchical", nbytes, itemsize)
-        return make_epoch("hsgd", "gradients", cluster, batches, batches * step)
+        return make_epoch(HierarchicalSGD.name, "gradients", cluster, batches, batches * step)
     p1, p2 = options["level1_period"], options["level2_period"]
     world = world_allreduce(cluster, "hierarchical", nbytes, itemsize, zero_copy=False)
     node = node_allreduce(cluster, nbytes, zero_copy=False)
     level2 = batches // p2 + (1 if batches % p2 else 0)  # + the epoch's closing average
     level1 = batches // p1 - batches // p2
-    return make_epoch("hsgd", f"parameters ({p1},{p2})", cluster, batches,
-                  level2 * world + level1 * node)
+    return make_epoch(HierarchicalSGD.name, f"parameters ({p1},{p2})", cluster, batches,
+                      level2 * world + level1 * node)
 
 
 def hbsgd_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int, k: int) -> Epoch:
@@ -290,11 +292,11 @@ def hbsgd_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int, k:
     averages = (batches // k + (1 if batches % k else 0)) if cluster.nodes > 1 else 0
     comm = batches * node_allreduce(cluster, nbytes) + averages * world_allreduce(
         cluster, "hierarchical", nbytes, itemsize, zero_copy=False)
-    return make_epoch("hbsgd", f"k={k}", cluster, batches, comm)
+    return make_epoch(HierarchicalBulkSGD.name, f"k={k}", cluster, batches, comm)
 
 
 def daso_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
-               values: tuple[int, int, int], weight: float = 2.0) -> Epoch:
+               values: tuple[int, int, int]) -> Epoch:
     """daso: the batches of one epoch with (B, S, L) = ``values``, plan by plan.
 
     Drives DASO's own :class:`BatchSchedule`. A send starts the rail's sum (its charge
@@ -306,9 +308,9 @@ def daso_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
     setting = f"{phase} ({','.join(map(str, values))})"
     compute = cluster.node.compute()
     if cluster.nodes == 1:
-        return make_epoch("daso", setting, cluster, batches,
-                      batches * node_allreduce(cluster, nbytes))
-    schedule = BatchSchedule(cluster.node.ranks, weight)
+        return make_epoch(DASO.name, setting, cluster, batches,
+                          batches * node_allreduce(cluster, nbytes), phase)
+    schedule = BatchSchedule(cluster.node.ranks)
     schedule.begin_epoch(values, batches)
     sum_s = rail_allreduce(cluster, nbytes, itemsize)
     clock, comm = 0.0, 0.0
@@ -337,4 +339,4 @@ def daso_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: int,
         if plan.send and plan.send.blocking:
             finish()  # the rail's ranks meet: one sync point
             spend(cluster.node.shm(2, nbytes, syncs=1) + node_broadcast(cluster, nbytes))
-    return Epoch("daso", setting, batches, batches * compute, comm)
+    return Epoch(DASO.name, setting, batches, batches * compute, comm, phase)

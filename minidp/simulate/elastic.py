@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from minidp.simulate.costs import Cluster, Epoch, flat_allreduce, make_epoch
+from minidp.strategies import ElasticRoundRobin, ElasticSync
 
 
 def _message_round(cluster: Cluster, homes: Sequence[int], pairs: list[tuple[int, int]],
@@ -82,8 +83,8 @@ def easgd_sync_epoch(cluster: Cluster, batches: int, nbytes: float, itemsize: in
     else:
         moved = flat_allreduce(cluster, homes, "recursive_doubling", nbytes, itemsize)
     elastic = cluster.node.shm(6, nbytes) + (cluster.node.sync_s if cluster.ranks > 1 else 0)
-    return make_epoch("easgd-sync", f"{mode}, tau={tau}", cluster, batches,
-                  exchanges * (moved + elastic))
+    return make_epoch(ElasticSync.name, f"{mode}, tau={tau}", cluster, batches,
+                      exchanges * (moved + elastic))
 
 
 def easgd_rr_epoch(cluster: Cluster, batches: int, nbytes: float, tau: int) -> Epoch:
@@ -104,5 +105,5 @@ def easgd_rr_epoch(cluster: Cluster, batches: int, nbytes: float, tau: int) -> E
     compute = cluster.node.compute()
     step = max(compute + max(exchange), sum(exchange))
     exchanges = -(-batches // tau)
-    return Epoch("easgd-rr", f"tau={tau}", batches, batches * compute,
+    return Epoch(ElasticRoundRobin.name, f"tau={tau}", batches, batches * compute,
                  exchanges * (step - compute))

@@ -7,13 +7,16 @@ blocking epoch (warm-up and cool-down, (B,S,L) = (0,0,0)) and a cycling epoch wi
 (B,S,L) its schedule sets right after warm-up ((4,1,1) with the defaults; later
 plateaus change it). Two elastic strategies are modelled too, on request (``--strategy
 easgd-rr,easgd-sync``): the original round-robin EASGD, whose master serves one worker
-at a time, and Sync EASGD's trees, the comparison of SC17.
+at a time, and Sync EASGD's trees, the comparison of SC17. Which strategies are
+modelled, and how, is a table keyed by the strategy's class (:data:`COSTS`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,9 +32,112 @@ from minidp.simulate.costs import (
 )
 from minidp.simulate.elastic import easgd_rr_epoch, easgd_sync_epoch
 from minidp.simulate.measure import DATASETS, build_model, measure_step, measure_sweep, node_cores
+from minidp.strategies import (
+    DASO,
+    DASOSchedule,
+    ElasticRoundRobin,
+    ElasticSync,
+    HierarchicalBulkSGD,
+    HierarchicalSGD,
+    Strategy,
+    SyncSGD,
+    names,
+    strategy_class,
+)
 
-MODELLED = ("sync", "hsgd", "hbsgd", "daso", "easgd-rr", "easgd-sync")
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What every strategy's prediction starts from, besides the cluster and its options."""
+
+    samples: int  # training samples per epoch
+    batch: int  # per rank
+    batches: int  # steps per epoch of a rank that shares the samples with every other
+    nbytes: float  # the parameter (and gradient) buffer
+    itemsize: int
+    allreduce: str  # sync's --allreduce
+
+
+def _sync(cluster: Cluster, w: Work, options: dict[str, Any]) -> list[Epoch]:
+    return [sync_epoch(cluster, w.batches, w.nbytes, w.itemsize, w.allreduce)]
+
+
+def _hsgd(cluster: Cluster, w: Work, options: dict[str, Any]) -> list[Epoch]:
+    return [hsgd_epoch(cluster, w.batches, w.nbytes, w.itemsize, options)]
+
+
+def _hbsgd(cluster: Cluster, w: Work, options: dict[str, Any]) -> list[Epoch]:
+    return [hbsgd_epoch(cluster, w.batches, w.nbytes, w.itemsize, options["k"])]
+
+
+def _daso(cluster: Cluster, w: Work, options: dict[str, Any]) -> list[Epoch]:
+    """A blocking epoch, and the first cycling one after warm-up (if the run cycles)."""
+    epochs = [daso_epoch(cluster, w.batches, w.nbytes, w.itemsize, (0, 0, 0))]
+    warmup = options["warmup_epochs"]
+    if warmup and cluster.nodes > 1:  # warm-up 0: Heat's schedule never cycles
+        # the values DASO's own schedule sets for the first epoch after warm-up
+        names = ("warmup_epochs", "cooldown_epochs", "max_global_skips",
+                 "skip_reduction_factor", "local_skip_factor", "stability_level", "patience")
+        schedule = DASOSchedule(warmup + options["cooldown_epochs"] + 1,
+                                **{n: options[n] for n in names})
+        cycle = schedule.update(warmup, 1.0)
+        epochs.append(daso_epoch(cluster, w.batches, w.nbytes, w.itemsize, cycle))
+    return epochs
+
+
+def _daso_phases(options: dict[str, Any], total: int) -> dict[str, list[int]]:
+    """The 0-based epochs of a run of ``total`` in each phase: warm-up and cool-down block."""
+    warmup, cooldown = options["warmup_epochs"], options["cooldown_epochs"]
+    blocking = [e for e in range(total) if e < warmup or e >= total - cooldown]
+    return {"blocking": blocking, "cycling": [e for e in range(total) if e not in blocking]}
+
+
+def _easgd_rr(cluster: Cluster, w: Work, options: dict[str, Any]) -> list[Epoch]:
+    workers = max(cluster.ranks - 1, 1)  # rank 0 is the master: the others share the samples
+    return [easgd_rr_epoch(cluster, w.samples // workers // w.batch, w.nbytes, options["tau"])]
+
+
+def _easgd_sync(cluster: Cluster, w: Work, options: dict[str, Any]) -> list[Epoch]:
+    return [easgd_sync_epoch(cluster, w.batches, w.nbytes, w.itemsize, options["tau"],
+                             options["mode"])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Costed:
+    """How the simulator predicts one strategy class, and how ``--validate`` runs it.
+
+    Attributes:
+        epochs: its predicted epochs on a cluster (one per phase of a run).
+        allreduce: the run takes ``--allreduce`` (sync's; the others name their levels).
+        validate_with: ``OPTION=VALUE`` items a ``--validate`` run sets unless ``--set``
+            gives them (DASO: one warm-up and one cool-down epoch, so that it cycles).
+        phases: the epochs of a run in each ``Epoch.phase``; None: one phase, the run.
+    """
+
+    epochs: Callable[[Cluster, Work, dict[str, Any]], list[Epoch]]
+    allreduce: bool = False
+    validate_with: tuple[str, ...] = ()
+    phases: Callable[[dict[str, Any], int], dict[str, list[int]]] | None = None
+
+
+# The strategies the alpha-beta formulas model, by class; the others' time depends on a
+# server's queue and on staleness, which a sum of messages does not capture.
+COSTS: dict[type[Strategy], Costed] = {
+    SyncSGD: Costed(_sync, allreduce=True),
+    HierarchicalSGD: Costed(_hsgd),
+    HierarchicalBulkSGD: Costed(_hbsgd),
+    DASO: Costed(_daso, validate_with=("warmup_epochs=1", "cooldown_epochs=1"),
+                 phases=_daso_phases),
+    ElasticRoundRobin: Costed(_easgd_rr),
+    ElasticSync: Costed(_easgd_sync),
+}
+MODELLED = tuple(cls.name for cls in COSTS)
 DEFAULT = MODELLED[:4]  # the synchronous family: --strategy's default
+
+
+def costed(name: str) -> Costed:
+    """How strategy ``name`` (one of :data:`MODELLED`) is predicted."""
+    return COSTS[strategy_class(name)]
 
 
 DTYPES = ("float32", "float64")
@@ -65,7 +171,6 @@ def parse_nodes(text: str) -> list[int]:
 def parse_strategies(text: str, sets: list[str]) -> dict[str, dict]:
     """{strategy: its checked options} from --strategy and --set (train's own checks)."""
     from minidp.run.config import strategy_options
-    from minidp.strategies import names
 
     chosen = [name.strip() for name in text.split(",") if name.strip()]
     if not chosen:
@@ -113,42 +218,14 @@ def check_args(args: argparse.Namespace) -> None:
 def predict(cluster: Cluster, strategies: dict[str, dict], samples: int, batch: int,
             nbytes: float, itemsize: int, allreduce: str) -> list[Epoch]:
     """The predicted epochs of every strategy on ``cluster`` (DASO: two phases)."""
-    from minidp.strategies import DASOSchedule
-
     batches = samples // cluster.ranks // batch
     if batches < 1:
         raise ValueError(f"--samples: got {samples}, allowed: at least {cluster.ranks * batch} "
                          f"(one batch of {batch} for each of the {cluster.ranks} ranks of "
                          f"{cluster.nodes} node(s))")
-    epochs = []
-    for name, options in strategies.items():
-        if name == "sync":
-            epochs.append(sync_epoch(cluster, batches, nbytes, itemsize, allreduce))
-        elif name == "hsgd":
-            epochs.append(hsgd_epoch(cluster, batches, nbytes, itemsize, options))
-        elif name == "hbsgd":
-            epochs.append(hbsgd_epoch(cluster, batches, nbytes, itemsize, options["k"]))
-        elif name == "easgd-rr":  # rank 0 is the master: the others share the samples
-            workers = max(cluster.ranks - 1, 1)
-            epochs.append(easgd_rr_epoch(cluster, samples // workers // batch, nbytes,
-                                         options["tau"]))
-        elif name == "easgd-sync":
-            epochs.append(easgd_sync_epoch(cluster, batches, nbytes, itemsize, options["tau"],
-                                           options["mode"]))
-        else:
-            weight = options["staleness_weight"]
-            epochs.append(daso_epoch(cluster, batches, nbytes, itemsize, (0, 0, 0), weight))
-            warmup = options["warmup_epochs"]
-            if warmup and cluster.nodes > 1:  # warm-up 0: Heat's schedule never cycles
-                # the values DASO's own schedule sets for the first epoch after warm-up
-                names = ("warmup_epochs", "cooldown_epochs", "max_global_skips",
-                         "skip_reduction_factor", "local_skip_factor", "stability_level",
-                         "patience")
-                schedule = DASOSchedule(warmup + options["cooldown_epochs"] + 1,
-                                        **{n: options[n] for n in names})
-                cycle = schedule.update(warmup, 1.0)
-                epochs.append(daso_epoch(cluster, batches, nbytes, itemsize, cycle, weight))
-    return epochs
+    work = Work(samples, batch, batches, nbytes, itemsize, allreduce)
+    return [epoch for name, options in strategies.items()
+            for epoch in costed(name).epochs(cluster, work, options)]
 
 
 def speedup(rows: list[tuple[int, Epoch]], i: int) -> float:

@@ -40,7 +40,7 @@ from minidp.run import environment
 from minidp.run.flags import check_command_line
 from minidp.simulate.costs import Epoch
 from minidp.simulate.measure import build_model, measure_step, node_cores
-from minidp.simulate.predict import Setup, parse_strategies, table
+from minidp.simulate.predict import Setup, costed, parse_strategies, table
 
 TIMEOUT_S = 600
 
@@ -69,12 +69,16 @@ class Comparison:
 
 
 def option_sets(args: argparse.Namespace, strategy: str) -> list[str]:
-    """The run's ``--set`` items for ``strategy``: the given ones, DASO's phases added."""
+    """The run's ``--set`` items for ``strategy``: the given ones, then its own defaults.
+
+    The defaults are the strategy's ``Costed.validate_with`` (DASO's phases: one warm-up
+    and one cool-down epoch), each unless ``--set`` gives that option.
+    """
     sets = [s for s in args.set if s.startswith(f"{strategy}.")]
-    if strategy == "daso":
-        for option in ("warmup_epochs", "cooldown_epochs"):
-            if not any(s.startswith(f"daso.{option}=") for s in sets):
-                sets.append(f"daso.{option}=1")
+    for item in costed(strategy).validate_with:
+        option = item.partition("=")[0]
+        if not any(s.startswith(f"{strategy}.{option}=") for s in sets):
+            sets.append(f"{strategy}.{item}")
     return sets
 
 
@@ -89,7 +93,7 @@ def train_flags(args: argparse.Namespace, strategy: str) -> list[str]:
              "--test-samples", "500", "--data-dir", args.data_dir, "--no-progress"]
     if args.samples:
         flags += ["--train-samples", str(args.samples)]
-    if strategy == "sync":
+    if costed(strategy).allreduce:
         flags += ["--allreduce", args.allreduce]
     for item in option_sets(args, strategy):
         flags += ["--set", item]
@@ -169,13 +173,8 @@ def launch(ranks: int, flags: list[str], out: str, place: list[str]) -> list[dic
 
 def _phase_epochs(epoch: Epoch, total: int, options: dict) -> list[int]:
     """The 0-based epochs of a run that ``epoch`` predicts (the first only if alone)."""
-    if epoch.strategy != "daso":
-        chosen = list(range(total))
-    else:
-        warmup, cooldown = options["warmup_epochs"], options["cooldown_epochs"]
-        blocking = [e for e in range(total) if e < warmup or e >= total - cooldown]
-        chosen = blocking if epoch.setting.startswith("blocking") else \
-            [e for e in range(total) if e not in blocking]
+    phases = costed(epoch.strategy).phases
+    chosen = list(range(total)) if phases is None else phases(options, total)[epoch.phase]
     return chosen[1:] if len(chosen) > 1 and chosen[0] == 0 else chosen
 
 

@@ -25,4 +25,6 @@ class AsyncMomentumSGD(ParameterServer):
     """
 
     name = "amsgd"
+    # The server's momentum mixes stale gradients, which adds momentum of its own: less.
+    default_rates = (0.02, 0.7)
     server_momentum = True

@@ -26,3 +26,4 @@ class AsyncSGD(ParameterServer):
     """
 
     name = "asgd"
+    default_rates = (0.02, 0.0)  # the server applies plain SGD: --momentum is unused

@@ -18,6 +18,15 @@ parameter-server and elastic families:
 * ``ignored_flags(options)`` (class method): the training flags it does not use, so a
   user who sets one is told.
 
+What the rest of minidp needs to know about a strategy is a fact on its class, never a
+table keyed by its name elsewhere: ``default_rates`` (the run's (lr, momentum) without
+``--lr`` / ``--momentum``), ``any_world_size`` and ``fixed_epochs(options)`` (whether a
+checkpoint resumes on another number of ranks, or with another ``--epochs``:
+:mod:`minidp.run.compatible`), ``state_dict()`` (what a checkpoint keeps of it), and
+``servers_needed``, ``stops_between_batches``, ``ignores``, ``sgd_only`` below. The
+simulator keeps its cost formulas in a table keyed by the class
+(:data:`minidp.simulate.predict.COSTS`).
+
 Options are declared per class as :class:`Option` (type, default, allowed range) and
 checked on construction; ``--set NAME.option=value`` strings are converted here.
 """
@@ -102,6 +111,14 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
     options: ClassVar[dict[str, Option]] = {}
+    # (lr, momentum) of a run that gives no --lr / --momentum (TrainConfig.check). Each
+    # class chooses its own so that every strategy's training loss falls every epoch for
+    # 3 epochs on mnist-5k (LeNet-5, batch 32 per worker, 4 ranks; tests/test_defaults.py)
+    # and `make demo` reaches 85% (docs/configuration.md); each says why at its value.
+    default_rates: ClassVar[tuple[float, float]]
+    # Whether every replica holds the same state after every step, so that a checkpoint
+    # resumes on another number of ranks (minidp.run.compatible); else only on its own.
+    any_world_size: ClassVar[bool] = False
     # Set by gradients_in_shared_memory(): the memory the gradients live in, which the
     # strategy hands to the reductions (zero-copy in the node).
     grad_buffer: NodeBuffer
@@ -150,6 +167,15 @@ class Strategy(abc.ABC):
     def servers_needed(cls, options: dict[str, Any]) -> int:
         """How many ranks take the server role (the synchronous family: none)."""
         return 0
+
+    @classmethod
+    def fixed_epochs(cls, options: dict[str, Any]) -> str | None:
+        """Why ``--epochs`` cannot change when a run with ``options`` resumes; None: it can.
+
+        A strategy that places something by the run's total number of epochs says what
+        (:func:`minidp.run.compatible.check_resumable` names it in its refusal).
+        """
+        return None
 
     @classmethod
     def ignored_flags(cls, options: dict[str, Any]) -> tuple[str, ...]:

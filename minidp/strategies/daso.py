@@ -54,6 +54,7 @@ class DASO(Strategy):
              global_sync=rail: local rank k carries all of x on rail k (Heat)
         2. merge, S batches later: wait; x_k = (w x_k + sum) / (w + P), w = 2 S (twice
            the send's wait; 1 if not positive), sum: the nodes' parameters at send time
+           (DASO.merge: the weight and the equation where the merge is computed)
         3. node_broadcast(x, root = that rail): the node is equal again
         4. blocking send: x = sum / P (rounded to 16 bits again with a down-cast)
 
@@ -81,6 +82,7 @@ class DASO(Strategy):
     """
 
     name = "daso"
+    default_rates = (0.02, 0.9)  # momentum SGD, as sync
     options = {
         "warmup_epochs": Option(4, int, "an int >= 0", lambda v: v >= 0,
                                 "epochs of blocking sync at the start (0: Heat never cycles)"),
@@ -106,6 +108,13 @@ class DASO(Strategy):
                               "at a time (Heat)"),
     }
 
+    @classmethod
+    def fixed_epochs(cls, options: dict[str, Any]) -> str | None:
+        """The cool-down epochs are the run's last: a resume cannot move its end."""
+        if options.get("cooldown_epochs"):
+            return "daso places its cool-down epochs at the end of the run"
+        return None
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gradients_in_shared_memory()
@@ -129,7 +138,7 @@ class DASO(Strategy):
             t.local_size > 1 and isinstance(self.optimizer, SGD) and \
             self.optimizer.flat is not None else None
         self.schedule = DASOSchedule(total_epochs=1, **self._schedule_options())
-        self.batch_schedule = BatchSchedule(t.local_size, self.config["staleness_weight"])
+        self.batch_schedule = BatchSchedule(t.local_size)
         # This rank's started syncs, oldest first (only on ranks that carry a part);
         # a blocking one is finished at its send (no request) and averaged after the merge.
         self.in_flight: deque[tuple[AllreduceRequest | None, SharedArray]] = deque()
@@ -208,25 +217,30 @@ class DASO(Strategy):
         if self._carries(send.rail):
             self.start_sum(sent[part], send, window)
 
-    def merge(self, batch: int, merge: Merge) -> None:
-        """2. Weigh the current parameters against the nodes' sum from the send."""
-        self.record(batch, "merge", rail=merge.rail, weight=merge.weight)
-        total = self._finished_sum(merge.rail)
-        if total is None or not self._owns_result(merge.rail):
-            return
-        self.merge_into(self.flat.data, total, merge)
+    def merge(self, batch: int, merge: Merge, part: slice | None = None) -> None:
+        """2. Heat's merge of the sync in flight on ``merge.rail``, in place.
 
-    def merge_into(self, x: np.ndarray, total: np.ndarray, merge: Merge) -> None:
-        """Heat's merge, in place: x <- (w x + total) / (w + P).
+        ::
 
-        ``total`` is the sum over the P nodes of the parameters the send carried, S
-        batches ago; x has trained on since. w = ``merge.weight`` = 2 S: twice the
-        batches the send waited (``daso.staleness_weight`` x S, 1 where S <= 0; the
-        schedule sets it when it plans the merge), so the fresher local parameters
-        count for more the staler the sum is.
+            x <- (w x + sum) / (w + P),   w = staleness_weight x S  (1 where S <= 0)
+
+        ``sum`` is the sum over the P nodes of the parameters the send carried S =
+        ``merge.wait`` batches ago; x has trained on since, so the fresher local
+        parameters count for more the staler the sum is (``daso.staleness_weight``, 2 in
+        Heat: w = 2 S). On the per-rank path the rail's ranks merge all of x (the others
+        get the node broadcast); on the node's replica (``part``: slice j) rank j merges
+        slice j of x with slice j of its own rail's sum.
         """
-        w, nodes = merge.weight, self.topology.num_nodes
-        weighted_merge(x, total, w, nodes)  # (w x + total) / (w + P): one fused pass
+        s = merge.wait
+        w = self.config["staleness_weight"] * s if s > 0 else 1.0
+        self.record(batch, "merge", rail=merge.rail, weight=w)
+        if part is not None:
+            x, total = self.flat.data[part], self.take_oldest().whole[0, part]
+        else:
+            x, total = self.flat.data, self._finished_sum(merge.rail)
+            if total is None or not self._owns_result(merge.rail):
+                return
+        weighted_merge(x, total, w, self.topology.num_nodes)  # (w x + sum) / (w + P)
 
     def broadcast(self, batch: int, root: int, equal: bool = False) -> None:
         """3. Heat's node broadcast from ``root``; skipped where the node is ``equal`` already."""

@@ -43,7 +43,7 @@ class NodeReplica:
     Args:
         daso: the :class:`~minidp.strategies.daso.DASO` whose model, optimizer and
             syncs in flight it works with (its phases' helpers: ``next_window``,
-            ``start_sum``, ``take_oldest``, ``merge_into``, ``mean_into``, ``record``).
+            ``start_sum``, ``take_oldest``, ``merge``, ``mean_into``, ``record``).
     """
 
     def __init__(self, daso: Strategy) -> None:
@@ -119,8 +119,7 @@ class NodeReplica:
                 sent[...] = x
             d.start_sum(sent, send, window)
         if plan.merge:  # 2. slice j of x against slice j of the sum
-            d.record(batch, "merge", rail=plan.merge.rail, weight=plan.merge.weight)
-            d.merge_into(x, d.take_oldest().whole[0, part], plan.merge)
+            d.merge(batch, plan.merge, part)
         if plan.broadcast is not None:  # 3. one replica: there is nothing to broadcast
             d.record(batch, "broadcast", root=plan.broadcast)
         if send and send.blocking:  # 4. slice j of x = slice j of the sum / P

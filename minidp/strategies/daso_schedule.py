@@ -108,17 +108,21 @@ class Send:
     """Start a global sync: the ranks of ``rail`` sum their parameters over the nodes."""
 
     rail: int
-    wait: int  # S clipped to the epoch: sets the merge weight; may be 0 or below
+    wait: int  # S clipped to the epoch: the merge's staleness; may be 0 or below
     cast: bool  # down-cast the parameters (Heat: only while B < 1)
     blocking: bool  # finished on this batch: x = sum / P on the rail, node broadcast
 
 
 @dataclasses.dataclass(frozen=True)
 class Merge:
-    """Finish the sync in flight on ``rail``: x <- (weight x + sum) / (weight + P)."""
+    """Finish the sync in flight on ``rail``, sent ``wait`` batches ago (its Send's wait).
+
+    DASO merges it where it is done (:meth:`~minidp.strategies.daso.DASO.merge`):
+    x <- (w x + sum) / (w + P), the weight w from ``wait``.
+    """
 
     rail: int
-    weight: float
+    wait: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +163,8 @@ class BatchSchedule:
     makes the node equal again.
     """
 
-    def __init__(self, local_size: int, staleness_weight: float = 2.0) -> None:
-        self.local_size, self.staleness_weight = local_size, staleness_weight
+    def __init__(self, local_size: int) -> None:
+        self.local_size = local_size
         self.values, self.last = (0, 0, 0), 0
         self.node_sync = True  # DDP starts with its gradient sync on
         self.rail = 0  # of the next send
@@ -216,8 +220,7 @@ class BatchSchedule:
         flight, self.in_flight = self.in_flight, None
         if flight is None:  # merged already, on the batch its wait said
             return None
-        weight = self.staleness_weight * flight.wait if flight.wait > 0 else 1.0
-        return Merge(flight.rail, weight)
+        return Merge(flight.rail, flight.wait)
 
     def state_dict(self) -> dict:
         """The node sync switch: all else starts afresh each epoch (nothing is in flight)."""

@@ -114,6 +114,7 @@ class DynamicBatchSGD(ParameterServer):
     """
 
     name = "dbs"
+    default_rates = (0.02, 0.0)  # the server applies plain SGD: --momentum is unused
     options: ClassVar[dict[str, Option]] = dict(
         ParameterServer.options,
         min_batch=Option(0, int, "an int >= 0 (0: a quarter of --batch-size, at least 1)",

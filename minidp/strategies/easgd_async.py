@@ -31,6 +31,7 @@ class ElasticAsync(ElasticServer):
     """
 
     name = "easgd-async"
+    default_rates = (0.1, 0.0)  # plain SGD pulled towards the centre, as easgd-rr
     options: ClassVar[dict[str, Option]] = dict(
         ElasticAveraging.options,
         order=Option(FCFS, str, ALLOWED, is_order))

@@ -37,6 +37,7 @@ class ElasticHogwild(ElasticAveraging):
     """
 
     name = "easgd-hogwild"
+    default_rates = (0.1, 0.0)  # plain SGD pulled towards the centre, as easgd-rr
 
     def pulling_on_a_centre(self) -> int:
         """A node's centre takes the pulls of the node's G workers only: alpha = 0.9 / G."""

@@ -26,4 +26,7 @@ class ElasticRoundRobin(ElasticServer):
     """
 
     name = "easgd-rr"
+    # The workers' plain SGD is pulled back towards the centre at every exchange: larger
+    # steps than a lone SGD's (so for every elastic id but measgd-async).
+    default_rates = (0.1, 0.0)
     overlap = False

@@ -166,6 +166,7 @@ class ElasticSync(ElasticAveraging):
     """
 
     name = "easgd-sync"
+    default_rates = (0.1, 0.0)  # plain SGD pulled towards the centre, as easgd-rr
     options: ClassVar[dict[str, Option]] = dict(
         ElasticAveraging.options,
         beta=Option(-1.0, float, "the centre's rate in [0, 2), or -1: workers x alpha",

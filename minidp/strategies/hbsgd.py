@@ -39,6 +39,7 @@ class HierarchicalBulkSGD(Strategy):
     """
 
     name = "hbsgd"
+    default_rates = (0.02, 0.9)  # momentum SGD, as sync
     stops_between_batches = True
     options = {
         "k": Option(4, int, "an int >= 1", lambda v: v >= 1,

@@ -42,6 +42,7 @@ class HogwildSGD(Strategy):
     """
 
     name = "hogwild"
+    default_rates = (0.05, 0.0)  # plain SGD on the node's shared parameters
     ignores = ("momentum", "nesterov")
     ignored_hint = "a momentum buffer has no lock-free shared form: plain SGD"
     sgd_only = "the ranks apply SGD to the node's shared parameters"

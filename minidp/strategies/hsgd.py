@@ -45,6 +45,7 @@ class HierarchicalSGD(Strategy):
     """
 
     name = "hsgd"
+    default_rates = (0.02, 0.9)  # momentum SGD, as sync
     stops_between_batches = True
     options = {
         "average": Option("gradients", str, "'gradients' or 'parameters'",

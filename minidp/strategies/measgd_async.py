@@ -52,6 +52,7 @@ class MomentumElasticAsync(ElasticAsync):
     """
 
     name = "measgd-async"
+    default_rates = (0.02, 0.0)  # its momentum is measgd-async.delta, not --momentum
     ignored_hint = "its momentum is measgd-async.delta (EAMSGD's delta, on the workers)"
     options: ClassVar[dict[str, Option]] = dict(
         ElasticAsync.options,

@@ -48,6 +48,8 @@ class SoftSyncSGD(ParameterServer):
     """
 
     name = "softsync"
+    # Plain SGD at the server (unless softsync.server_momentum), of the mean of c gradients.
+    default_rates = (0.1, 0.0)
     options: ClassVar[dict[str, Option]] = dict(
         ParameterServer.options,
         n=Option(1, int, "an int >= 1 (1: softest barrier, c = workers; workers: ASGD)",

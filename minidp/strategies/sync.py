@@ -32,6 +32,8 @@ class SyncSGD(Strategy):
     """
 
     name = "sync"
+    default_rates = (0.02, 0.9)  # momentum SGD, as every synchronous strategy
+    any_world_size = True  # every replica holds the same state: any number of ranks resumes
     stops_between_batches = True
 
     def __init__(self, *args, **kwargs) -> None:

@@ -27,7 +27,8 @@ def test_a_training_step_on_the_gpu_matches_the_host(name):
     replica = DeviceReplica(host, "cuda")
     rng = np.random.default_rng(2)
     x, y = rng.standard_normal((4, *shape)), rng.integers(0, 10, 4)
-    replica.begin_batch()
+    replica.parameters_to_device()
+    replica.model.zero_grad()
     device_loss = F.cross_entropy(replica.model(Tensor(replica.inputs(x, y)[0])),
                                   replica.inputs(x, y)[1])
     device_loss.backward()

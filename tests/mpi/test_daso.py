@@ -66,20 +66,25 @@ def equal_over(comm, x):
 
 @two_by_two
 @pytest.mark.parametrize("sync", ["all", "rail"])
-def test_merge_formula_on_known_node_values(sync):
+@pytest.mark.parametrize("values, steps, weight", [
+    ((8, 2, 2), 3, 4.0),  # send at batch 0, merge at batch 2 with weight 2 * 2
+    ((1, -1, 1), 2, 1.0),  # a plateau left S = -1: merged at the next batch, weight 1
+])
+def test_merge_formula_on_known_node_values(sync, values, steps, weight):
     t = topology(2)
     s = build("daso", t, global_sync=sync)
     s.node_identical = False  # the test makes the node's ranks differ by hand
-    set_values(s, (8, 2, 2))  # send at batch 0, merge at batch 2 with weight 2 * 2
+    set_values(s, values)
     s.begin_epoch(0, 10)
-    for b, x in enumerate([t.node_id + 1.0, 10.0 * (t.node_id + 1) + t.local_rank, None]):
+    xs = [t.node_id + 1.0, 10.0 * (t.node_id + 1) + t.local_rank, None][:steps]
+    for b, x in enumerate(xs):
         s.flat.grad[...] = 0.0  # plain SGD: the update leaves x as set
         if x is not None:
             s.flat.data[...] = x  # sent at batch 0: node p sends p + 1; then drifted on
         s.step(b)
     sent_sum = sum(p + 1.0 for p in range(t.num_nodes))
     x_local_of_rail0 = 10.0 * (t.node_id + 1)  # rail 0 = local rank 0 merges, broadcasts
-    expected = (4 * x_local_of_rail0 + sent_sum) / (4 + t.num_nodes)
+    expected = (weight * x_local_of_rail0 + sent_sum) / (weight + t.num_nodes)
     np.testing.assert_allclose(s.flat.data, expected, rtol=0, atol=1e-12)
 
 

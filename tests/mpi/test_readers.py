@@ -302,13 +302,13 @@ def test_a_label_out_of_range_is_one_error_naming_the_file_and_record(workdir, k
 def test_the_memory_reader_reads_the_records_of_the_file_whose_header_it_read(workdir,
                                                                               monkeypatch):
     """Another file moved in between the header's read and the records' is refused."""
-    from minidp.io import readers
+    from minidp.io.readers import base
 
     path = make_file(workdir, "memory-swap.mdp", COUNT)
     opened = mdp.open_header(path)  # the header and stamp, as the reader takes them first
     comm.Barrier()
     replace_with(path, 3, "moved")  # then, before it reads the records, another file
-    monkeypatch.setattr(readers, "open_header", lambda _: opened)
+    monkeypatch.setattr(base, "open_header", lambda _: opened)
     with pytest.raises(ValueError) as refused:
         MemoryReader(path)
     message = str(refused.value)

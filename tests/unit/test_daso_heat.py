@@ -184,8 +184,9 @@ def describe(plan):
     words = ["n" if plan.node_sync else "-"]
     if plan.send:
         words.append(f"s{plan.send.rail}w{plan.send.wait}" + ("c" if plan.send.cast else ""))
-    if plan.merge:
-        words.append(f"m{plan.merge.rail}x{plan.merge.weight:g}")
+    if plan.merge:  # the weight DASO.merge computes from the wait (staleness_weight 2)
+        wait = plan.merge.wait
+        words.append(f"m{plan.merge.rail}x{2.0 * wait if wait > 0 else 1.0:g}")
     if plan.broadcast is not None:
         words.append(f"b{plan.broadcast}")
     if plan.send and plan.send.blocking:

@@ -53,13 +53,13 @@ ALLOWED = {
         "a shared lock on every rank of a passive-target window: waits for no rank",
     ("minidp/comm/shared.py", "sync", "Sync"):
         "Win.Sync is a memory barrier of this rank (File.Sync is the collective one)",
-    ("minidp/io/readers.py", "read_records", "Open"):
+    ("minidp/io/readers/strided.py", "read_records", "Open"):
         "the strided baseline opens the file on COMM_SELF: no other rank takes part",
-    ("minidp/io/readers.py", "read_records", "Close"):
+    ("minidp/io/readers/strided.py", "read_records", "Close"):
         "closes that COMM_SELF file: no other rank takes part",
-    ("minidp/io/readers.py", "open_for_blocks", "Create"):
+    ("minidp/io/readers/base.py", "open_for_blocks", "Create"):
         "Info.Create makes a hints object in this rank's MPI: a local call",
-    ("minidp/io/readers.py", "open_for_blocks", "Free"):
+    ("minidp/io/readers/base.py", "open_for_blocks", "Free"):
         "Info.Free releases it: a local call",
     ("minidp/comm/wire.py", "__init__", "Create"):
         "Op.Create registers a reduction function with this rank's MPI: a local call",

@@ -163,3 +163,79 @@ def test_each_strategy_id_lives_in_the_file_of_its_name():
     misplaced = {name: cls.__module__ for name, cls in STRATEGIES.items()
                  if cls.__module__ != "minidp.strategies." + name.replace("-", "_")}
     assert misplaced == {}
+
+
+# -- facts on the class, and the loop that shows the loop ----------------------------------
+
+# Where a strategy's id may be written as a string: its own package, and the replay, which
+# re-executes a run from the papers' rules and never imports strategies/ (docs/replay.md).
+IDS_ALLOWED_IN = ("minidp.strategies", "minidp.replay")
+
+
+def string_ids(path: str, ids: set[str]) -> list[tuple[int, str]]:
+    """(line, id) of every string constant in the file at ``path`` that is a strategy id."""
+    return sorted((node.lineno, node.value) for node in ast.walk(ast.parse(open(path).read()))
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and node.value in ids)
+
+
+def test_no_strategy_id_is_written_as_a_string_outside_strategies_and_replay():
+    """A strategy's facts are on its class, never keyed by its name elsewhere.
+
+    Default rates (``Strategy.default_rates``), resume rules (``any_world_size``,
+    ``fixed_epochs``), what a checkpoint keeps (``state_dict``), how the simulator costs
+    it (``simulate.predict.COSTS``, keyed by class): a comparison with ``"daso"`` or a
+    table keyed by ``"sync"`` outside the strategy's own file is a fact in the wrong place.
+    """
+    from minidp.strategies import names
+
+    ids = set(names())
+    found = {m: string_ids(path, ids) for m, path in modules().items()
+             if not m.startswith(IDS_ALLOWED_IN)}
+    outside = sorted(f"{m}:{line} {value!r}" for m, hits in found.items()
+                     for line, value in hits)
+    assert outside == [], ("strategy ids as strings outside minidp/strategies and "
+                           f"minidp/replay: make them facts on the class: {outside}")
+
+
+def test_the_id_scan_sees_comparisons_tables_and_arguments(tmp_path):
+    source = tmp_path / "user.py"
+    source.write_text('if name == "daso":\n    pass\nRATES = {"sync": 1}\n'
+                      'ok = name in ("hsgd", "x")\nmake("easgd-rr")\ntext = "a daso run"\n')
+    assert string_ids(str(source), {"daso", "sync", "hsgd", "easgd-rr"}) == [
+        (1, "daso"), (3, "sync"), (4, "hsgd"), (5, "easgd-rr")]
+
+
+def calls_in_order(node: ast.AST) -> list[str]:
+    """The calls under ``node`` in source order, each as its unparsed callee (``x.y``)."""
+    calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+    return [ast.unparse(c.func) for c in sorted(calls, key=lambda c: (c.lineno,
+                                                                      c.col_offset))]
+
+
+def batch_loop() -> list[str]:
+    """The calls of the Trainer's batch loop (the ``while`` of ``Trainer._work``)."""
+    tree = ast.parse(open(os.path.join(PACKAGE, "run", "trainer.py")).read())
+    work = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                and n.name == "_work")
+    loop = next(n for n in ast.walk(work) if isinstance(n, ast.While))
+    return calls_in_order(loop)
+
+
+def test_the_trainer_batch_loop_zeroes_forwards_backwards_and_steps_in_that_order():
+    calls = batch_loop()
+
+    def first(name: str) -> int:
+        found = [i for i, call in enumerate(calls) if call == name or
+                 call.endswith("." + name)]
+        assert found, f"no call of {name} in Trainer._work's batch loop: {calls}"
+        return found[0]
+
+    order = [first("zero_grad"), first("model"), first("backward"), first("strategy.step")]
+    assert order == sorted(order), f"zero_grad, forward, backward, step: {calls}"
+
+
+def test_the_gpu_path_only_moves_data():
+    replica = os.path.join(PACKAGE, "run", "replica.py")
+    assert uses_of("zero_grad", replica) == [], "the gradients are zeroed in the loop"
+    assert uses_of("backward", replica) == [] and uses_of("step", replica) == []

@@ -127,7 +127,7 @@ def test_collective_verification_reads_in_pieces_and_names_the_range(tmp_path, a
 
     path = write(tmp_path, arrays)
     header = mdp.read_header(path)
-    monkeypatch.setattr(readers, "VERIFY_PIECE", 7)  # 851 payload bytes in 122 pieces
+    monkeypatch.setattr(readers.base, "VERIFY_PIECE", 7)  # 851 payload bytes in 122 pieces
     readers.verify_checksum(path, header, MPI.COMM_WORLD)
     patch(path, mdp.HEADER_SIZE + 850, b"\xff")  # the last label's high byte, 0 before
     with pytest.raises(ValueError, match=rf"^rank 0: dataset file '{path}': checksum mismatch "
