@@ -85,8 +85,9 @@ def rail_communication(request: AllreduceRequest, part: np.ndarray) -> Iterator[
     topology = request.topology
     if topology.num_nodes == 1:
         return
-    with request.communication("inter", "rail_allreduce", "rail iallreduce",
-                               *ring_traffic(topology.num_nodes, part.nbytes)):
+    traffic = ring_traffic(topology.num_nodes, part.nbytes)
+    with request.communication("inter", "rail_allreduce", "rail iallreduce", *traffic):
+        topology.arrows.collective("rail", "rail sum", traffic[1])
         summing = topology.cross.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM)
         yield Waiting(summing, topology.cross,
                       "rail iallreduce" if request.started else "rail allreduce")
@@ -141,12 +142,14 @@ class HierarchicalAllreduce(AllreduceRequest):
         t, across = self.topology, self.topology.num_nodes > 1
         whole_mean = t.size if self.op == "mean" and not across else 1
         with charged("intra", "node_reduce", 0, node_bytes(self.array, t)):  # 1, 2
+            t.arrows.collective("node", "node sum", node_bytes(self.array, t))
             slices = NodeSlices(self.buffer, t)
             part = slices.sum_slice(copy_back=not across, mean_over=whole_mean)
         if part.size:  # 3
             yield from rail_communication(self, part)
         yield IN_WAIT
         with charged("intra", "node_broadcast", 0, node_bytes(self.array, t)):  # 4
+            t.arrows.from_root("node", "node result", node_bytes(self.array, t))
             if across:
                 self.to_mean(part, t.size)
                 slices.copy_back()

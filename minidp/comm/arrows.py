@@ -1,0 +1,147 @@
+"""Arrows in the trace: both ends of every message and every collective, with one id.
+
+Perfetto and chrome://tracing draw an arrow between two slices when the sender's slice
+holds a flow start (``"ph": "s"``) and the receiver's a flow end (``"ph": "f"``) with
+the same ``id``, ``cat`` and name (:meth:`minidp.trace.Tracer.flow`). The two ends are
+two processes that never tell each other the id, so each computes it from what it
+knows already:
+
+* **A message** (``p2p``: a pull, a push, the centre's reply, a tree's partial sum, a
+  ring's or recursive doubling's exchange): (sender, receiver, tag, k), where k counts
+  the messages from that sender to that receiver with that tag. MPI's non-overtaking
+  rule (messages of one sender on one communicator with one tag are matched in the
+  order they were sent) makes the sender's k-th send the receiver's k-th receive from
+  it with that tag, whatever the receiver's wildcards. A receive that is cancelled or
+  refused receives nothing and counts nothing.
+* **A collective** (an allreduce done by MPI or in shared memory, a rail's sum, a
+  node's sync): one arrow from each participant into the slice of the group's root
+  (its lowest world rank); a broadcast: one arrow from its root to each participant.
+  The id is (group, k, participant), where k counts the group's collectives: MPI has
+  every member of a communicator call its collectives in the same order, so every
+  member counts the same k. A group of one rank draws nothing. An allreduce written
+  in messages (``ring``, ``recursive_doubling``) draws its messages instead.
+
+The id is the first 8 bytes of a BLAKE2b hash of those numbers, written in hex (``0x``
+and 16 digits): Perfetto reads a string id as a hexadecimal 64-bit number, and the
+numbers themselves do not fit 64 bits for every rank, tag and count. Both ends are
+recorded inside the slice of their operation (the send's, the receive's wait), at the
+moment the message leaves or has arrived.
+
+The flow start carries what moved and its bytes (``args``: ``what``, ``bytes``); for a
+collective, the bytes this rank was counted for it. One :class:`Arrows` per
+:class:`~minidp.comm.topology.Topology`: its counts are the run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from minidp.trace import tracer
+
+MESSAGE, COLLECTIVE = "p2p", "collective"  # the flows' cat (and name)
+
+
+def flow_id(*numbers: object) -> str:
+    """The arrow id of a message or a part of a collective: a hash of what names it."""
+    text = " ".join(map(str, numbers)).encode()
+    return "0x" + hashlib.blake2b(text, digest_size=8).hexdigest()
+
+
+class Group:
+    """The world ranks of one communicator and its name (the same on every member).
+
+    Args:
+        name: what every member calls it (``world``, ``node 1``, ``rail 0``).
+        members: its world ranks, lowest first; the first is the arrows' root.
+    """
+
+    __slots__ = ("name", "members", "count")
+
+    def __init__(self, name: str, members: list[int]) -> None:
+        self.name, self.members, self.count = name, members, 0
+
+    @property
+    def root(self) -> int:
+        """The rank whose slice every member's arrow goes into."""
+        return self.members[0]
+
+
+class Arrows:
+    """One rank's arrow bookkeeping: messages counted per (peer, tag), collectives per group.
+
+    Args:
+        rank: this world rank.
+        groups: the groups this rank belongs to, by the names the communication layer
+            uses (``world``, ``node``, ``rail``; ``leaders`` is the rail of local rank 0).
+    """
+
+    def __init__(self, rank: int, groups: dict[str, Group]) -> None:
+        self.rank, self.groups = rank, groups
+        self.sent: dict[tuple[int, int], int] = {}
+        self.received: dict[tuple[int, int], int] = {}
+
+    def message_sent(self, dest: int, tag: int, what: str, nbytes: int) -> None:
+        """A message to world rank ``dest`` leaves now: the arrow's start."""
+        key = (dest, tag)
+        k = self.sent[key] = self.sent.get(key, 0) + 1
+        tracer().flow("s", flow_id("m", self.rank, dest, tag, k), MESSAGE, what=what,
+                      bytes=nbytes)
+
+    def received_id(self, source: int, tag: int) -> str:
+        """The arrow id of the message from ``source`` with ``tag`` that MPI just received.
+
+        Call it once per completed receive, at its completion (the count is what pairs
+        the ends); :meth:`arrived` records the end where the rank takes the message.
+        """
+        key = (source, tag)
+        k = self.received[key] = self.received.get(key, 0) + 1
+        return flow_id("m", source, self.rank, tag, k)
+
+    def message_received(self, source: int, tag: int) -> None:
+        """A message from world rank ``source`` has arrived and is taken now: the arrow's end."""
+        self.arrived(self.received_id(source, tag))
+
+    @staticmethod
+    def arrived(arrow: str) -> None:
+        """The end of the arrow ``arrow`` (an id of :meth:`received_id`), now."""
+        tracer().flow("f", arrow, MESSAGE)
+
+    def collective(self, group: str, what: str, nbytes: float, source: int | None = None
+                   ) -> None:
+        """This rank takes part in a collective of ``group``: its end of the arrows.
+
+        A reduction (``source`` None): each member's arrow goes into the root's slice,
+        carrying the bytes the member was counted for. A broadcast from world rank
+        ``source``: an arrow from ``source`` to every other member, carrying the
+        buffer's bytes. Call it on every member, once per collective, inside the
+        collective's slice.
+        """
+        g = self.groups.get(group)
+        if g is None or len(g.members) < 2:
+            return
+        g.count += 1
+        if source is None:
+            if self.rank != g.root:
+                tracer().flow("s", flow_id("c", g.name, g.count, self.rank), COLLECTIVE,
+                              what=what, bytes=int(nbytes), group=g.name)
+                return
+            for member in g.members[1:]:
+                tracer().flow("f", flow_id("c", g.name, g.count, member), COLLECTIVE)
+            return
+        if self.rank != source:
+            tracer().flow("f", flow_id("c", g.name, g.count, self.rank), COLLECTIVE)
+            return
+        for member in g.members:
+            if member != source:
+                tracer().flow("s", flow_id("c", g.name, g.count, member), COLLECTIVE,
+                              what=what, bytes=int(nbytes), group=g.name)
+
+    def from_root(self, group: str, what: str, nbytes: float) -> None:
+        """A collective whose result goes out from the root of ``group`` to every member."""
+        g = self.groups.get(group)
+        if g is not None:
+            self.collective(group, what, nbytes, source=g.root)
+
+    def member(self, group: str, index: int) -> int:
+        """The world rank of member ``index`` of ``group`` (e.g. a node's local rank)."""
+        return self.groups[group].members[index]
