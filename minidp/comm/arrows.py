@@ -34,6 +34,7 @@ collective, the bytes this rank was counted for it. One :class:`Arrows` per
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 from minidp.trace import tracer
@@ -66,6 +67,47 @@ class Group:
         return self.members[0]
 
 
+class Collective:
+    """The arrows of one collective on this rank: starts on entering, ends on leaving.
+
+    Args:
+        group: the group (its count already this collective's).
+        rank: this world rank.
+        what: what moves, for the arrows' labels.
+        nbytes: the bytes of this rank's arrows.
+        source: a broadcast's root (world rank); None for a reduction.
+    """
+
+    __slots__ = ("ids", "leaving", "arriving", "what", "nbytes", "group")
+
+    def __init__(self, group: Group, rank: int, what: str, nbytes: int,
+                 source: int | None) -> None:
+        ids = [flow_id("c", group.name, group.count, m) for m in group.members]
+        mine = ids[group.members.index(rank)]
+        if source is None:  # into the root: the others leave, the root takes them all
+            self.leaving = [] if rank == group.root else [mine]
+            self.arriving = [i for m, i in zip(group.members, ids) if m != rank] \
+                if rank == group.root else []
+        else:  # out of the source: it sends to each, each takes its own
+            self.leaving = [i for m, i in zip(group.members, ids) if m != source] \
+                if rank == source else []
+            self.arriving = [] if rank == source else [mine]
+        self.what, self.nbytes, self.group = what, nbytes, group.name
+
+    def __enter__(self) -> None:
+        for arrow in self.leaving:
+            tracer().flow("s", arrow, COLLECTIVE, what=self.what, bytes=self.nbytes,
+                          group=self.group)
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:  # a collective that failed delivered nothing
+            for arrow in self.arriving:
+                tracer().flow("f", arrow, COLLECTIVE)
+
+
+_NOTHING = contextlib.nullcontext()  # a collective nobody draws (alone, or not recording)
+
+
 class Arrows:
     """One rank's arrow bookkeeping: messages counted per (peer, tag), collectives per group.
 
@@ -81,66 +123,62 @@ class Arrows:
         self.received: dict[tuple[int, int], int] = {}
 
     def message_sent(self, dest: int, tag: int, what: str, nbytes: int) -> None:
-        """A message to world rank ``dest`` leaves now: the arrow's start."""
+        """A message to world rank ``dest`` leaves now: the arrow's start.
+
+        Counted always; drawn (its id hashed, its event made) only while the tracer
+        records events.
+        """
         key = (dest, tag)
         k = self.sent[key] = self.sent.get(key, 0) + 1
-        tracer().flow("s", flow_id("m", self.rank, dest, tag, k), MESSAGE, what=what,
-                      bytes=nbytes)
+        if tracer().record_events:
+            tracer().flow("s", flow_id("m", self.rank, dest, tag, k), MESSAGE, what=what,
+                          bytes=nbytes)
 
-    def received_id(self, source: int, tag: int) -> str:
+    def received_id(self, source: int, tag: int) -> str | None:
         """The arrow id of the message from ``source`` with ``tag`` that MPI just received.
 
         Call it once per completed receive, at its completion (the count is what pairs
         the ends); :meth:`arrived` records the end where the rank takes the message.
+        None while the tracer records no events (counted all the same).
         """
         key = (source, tag)
         k = self.received[key] = self.received.get(key, 0) + 1
-        return flow_id("m", source, self.rank, tag, k)
+        return flow_id("m", source, self.rank, tag, k) if tracer().record_events else None
 
     def message_received(self, source: int, tag: int) -> None:
         """A message from world rank ``source`` has arrived and is taken now: the arrow's end."""
         self.arrived(self.received_id(source, tag))
 
     @staticmethod
-    def arrived(arrow: str) -> None:
+    def arrived(arrow: str | None) -> None:
         """The end of the arrow ``arrow`` (an id of :meth:`received_id`), now."""
-        tracer().flow("f", arrow, MESSAGE)
+        if arrow is not None:
+            tracer().flow("f", arrow, MESSAGE)
 
     def collective(self, group: str, what: str, nbytes: float, source: int | None = None
-                   ) -> None:
-        """This rank takes part in a collective of ``group``: its end of the arrows.
+                   ) -> Collective:
+        """This rank's part in a collective of ``group``: a ``with`` block around the call.
 
-        A reduction (``source`` None): each member's arrow goes into the root's slice,
+        A reduction (``source`` None): each member's arrow leaves as it enters and goes
+        into the root's slice, ending where the root leaves (by then it has every part),
         carrying the bytes the member was counted for. A broadcast from world rank
-        ``source``: an arrow from ``source`` to every other member, carrying the
-        buffer's bytes. Call it on every member, once per collective, inside the
-        collective's slice.
+        ``source``: an arrow from ``source`` as it enters to every other member as that
+        member leaves, carrying the buffer's bytes. Every member runs the block, once
+        per collective, inside the collective's slice (for a started one, the block may
+        span the wait: its ends are drawn in the slice that completes it).
         """
         g = self.groups.get(group)
         if g is None or len(g.members) < 2:
-            return
+            return _NOTHING
         g.count += 1
-        if source is None:
-            if self.rank != g.root:
-                tracer().flow("s", flow_id("c", g.name, g.count, self.rank), COLLECTIVE,
-                              what=what, bytes=int(nbytes), group=g.name)
-                return
-            for member in g.members[1:]:
-                tracer().flow("f", flow_id("c", g.name, g.count, member), COLLECTIVE)
-            return
-        if self.rank != source:
-            tracer().flow("f", flow_id("c", g.name, g.count, self.rank), COLLECTIVE)
-            return
-        for member in g.members:
-            if member != source:
-                tracer().flow("s", flow_id("c", g.name, g.count, member), COLLECTIVE,
-                              what=what, bytes=int(nbytes), group=g.name)
+        if not tracer().record_events:
+            return _NOTHING
+        return Collective(g, self.rank, what, int(nbytes), source)
 
-    def from_root(self, group: str, what: str, nbytes: float) -> None:
+    def from_root(self, group: str, what: str, nbytes: float) -> Collective:
         """A collective whose result goes out from the root of ``group`` to every member."""
         g = self.groups.get(group)
-        if g is not None:
-            self.collective(group, what, nbytes, source=g.root)
+        return self.collective(group, what, nbytes, None if g is None else g.root)
 
     def member(self, group: str, index: int) -> int:
         """The world rank of member ``index`` of ``group`` (e.g. a node's local rank)."""

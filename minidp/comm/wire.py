@@ -91,8 +91,8 @@ class HalfSum:
         guard.check_same(topology.cross, f"rail allreduce {self.kind}", words)
         if topology.num_nodes > 1 and words.size:
             traffic = ring_traffic(topology.num_nodes, words.nbytes)
-            with charged("inter", f"rail_allreduce_{self.kind}", *traffic):
-                topology.arrows.collective("rail", f"rail sum {self.kind}", traffic[1])
+            drawn = topology.arrows.collective("rail", f"rail sum {self.kind}", traffic[1])
+            with charged("inter", f"rail_allreduce_{self.kind}", *traffic), drawn:
                 guard.wait(topology.cross.Iallreduce(MPI.IN_PLACE, words, op=self.op),
                            topology.cross, f"rail allreduce {self.kind}")
         return words

@@ -61,7 +61,7 @@ def epochs_table(run: Run) -> list[str]:
     rows = ["| epoch | train loss | test loss | test acc | wall s | " +
             " | ".join(PHASES) + " |", "|" + "---|" * (5 + len(PHASES))]
     for m in run.epochs:
-        phases = " | ".join(f"{m['phases'].get(p, 0.0):.2f}" for p in PHASES)
+        phases = " | ".join(f"{m.get('phases', {}).get(p, 0.0):.2f}" for p in PHASES)
         rows.append(f"| {m['epoch']} | {m['train_loss']:.4f} | {m['test_loss']:.4f} | "
                     f"{m['test_accuracy']:.2%} | {m['wall_s']:.2f} | {phases} |")
     return rows

@@ -6,8 +6,10 @@ of every worker; the phases of those steps as boxes; every message and every ran
 part of a collective as an arrow from the moment it left its sender to the moment its
 receiver had it (the two ends of one flow id, :mod:`minidp.comm.arrows`), labelled with
 what moved and its bytes, node-level (``intra``) or rail-level (``inter``); the
-strategy's decisions as markers with a short text. :mod:`minidp.reporting.sequence_plot`
-draws it; tests check its arrows against what the run did, not pixels.
+strategy's decisions as markers with a short text (a server's with the arrow that came
+in last before it: the gradient it applies, the parameters it pulls towards).
+:mod:`minidp.reporting.sequence_plot` draws it; tests check its arrows against what the
+run did, not pixels.
 
 Steps: a worker marks the start of each step (``step``, before it asks for its batch,
 so a parameter server's pull is in the step it serves); the worker's step N ends where
@@ -161,8 +163,14 @@ class _Steps:
         self.starts.setdefault(rank, []).append((ts, step))
 
     def close(self) -> None:
-        for marks in self.starts.values():
-            marks.sort()
+        """Sort each rank's marks; of a step marked twice keep the later start.
+
+        A worker marks a step before it asks for its batch; at an epoch's end that ask
+        gets none, and the next epoch marks the same step again: the step that ran.
+        """
+        for rank, marks in self.starts.items():
+            last = {step: ts for ts, step in sorted(marks)}
+            self.starts[rank] = sorted((ts, step) for step, ts in last.items())
 
     def worker(self, rank: int) -> bool:
         return rank in self.starts
@@ -217,7 +225,7 @@ def sequence(events: list[dict[str, Any]], steps: int = 3) -> Diagram:
     def ms(ts: float) -> float:
         return (ts - first) / 1e3
 
-    boxes, markers = [], []
+    boxes, decisions = [], []
     starts: dict[str, tuple[int, dict[str, Any]]] = {}
     ends_of: dict[str, tuple[int, dict[str, Any]]] = {}
     for k, e in enumerate(events):
@@ -229,32 +237,65 @@ def sequence(events: list[dict[str, Any]], steps: int = 3) -> Diagram:
                 boxes.append(Box(r, e["name"], ms(max(a, first)), ms(min(b, last))))
         elif ph == "i" and e.get("name") in DECISIONS:
             fields(e, {"pid": count(0), "ts": NUMBER, "args": OBJECT}, _where(k))
-            if inside(e["pid"], e["ts"]):
-                markers.append(Marker(e["pid"], ms(e["ts"]), marks.at(e["pid"], e["ts"]),
-                                      _decision(e, k)))
+            decisions.append((k, e))
         elif ph in ("s", "f"):
             fields(e, {"pid": count(0), "ts": NUMBER, "id": TEXT, "cat": TEXT}, _where(k))
             (starts if ph == "s" else ends_of)[e["id"]] = (k, e)
     arrows = []
+    # On a lane without steps (a server), what arrived last, when: (ts, step, drawn).
+    arrivals: dict[int, list[tuple[float, int, bool]]] = {}
     for flow, (k, s) in starts.items():
         if flow not in ends_of:
             continue
         f = ends_of[flow][1]
         source, dest = s["pid"], f["pid"]
         worker, at = (source, s["ts"]) if marks.worker(source) else (dest, f["ts"])
-        if not (inside(source, s["ts"]) and inside(dest, f["ts"])):
+        step = marks.at(worker, at)
+        drawn = inside(source, s["ts"]) and inside(dest, f["ts"])
+        arrivals.setdefault(dest, []).append((f["ts"], step, drawn))
+        if not drawn:
             continue
         args = s.get("args", {})
         fields(args, {"what": TEXT, "bytes": count(0)}, f"{_where(k)}, 'args'")
         level = "intra" if lanes[source].node == lanes[dest].node else "inter"
-        arrows.append(Arrow(source, dest, marks.at(worker, at), args["what"], args["bytes"],
-                            ms(s["ts"]), ms(f["ts"]), level, s["cat"]))
+        arrows.append(Arrow(source, dest, step, args["what"], args["bytes"], ms(s["ts"]),
+                            ms(f["ts"]), level, s["cat"]))
     arrows.sort(key=lambda a: (a.sent, a.source, a.dest))
+    for came in arrivals.values():
+        came.sort()
+    markers = []
+    for k, e in decisions:
+        r, ts = e["pid"], e["ts"]
+        if marks.worker(r):
+            step, drawn = marks.at(r, ts), inside(r, ts)
+        else:  # a server decides on what came last: drawn with it, in its step
+            came = arrivals.get(r, [])
+            i = bisect.bisect_right(came, (ts, float("inf"), True))
+            step, drawn = came[i - 1][1:] if i else (0, False)
+        if drawn:
+            markers.append(Marker(r, ms(ts), step, _decision(e, k)))
+    markers = _together(sorted(markers, key=lambda m: (m.rank, m.time)), ms(last) * 0.004)
     step_starts = sorted((r, s, ms(ts)) for r, m in marks.starts.items() for ts, s in m
                          if inside(r, ts))
     ordered = sorted(lanes.values(), key=lambda lane: (lane.place, lane.rank))
     return Diagram(steps, ordered, boxes, arrows, sorted(markers, key=lambda m: m.time),
                    step_starts, first, ms(last))
+
+
+def _together(markers: list[Marker], within: float) -> list[Marker]:
+    """One marker for a rank's decisions taken together (``within`` ms of the first).
+
+    DASO decides a send, an average and a broadcast in one batch's few microseconds:
+    one triangle, their texts one per line, reads better than three on top of each other.
+    """
+    merged: list[Marker] = []
+    for m in markers:
+        prev = merged[-1] if merged else None
+        if prev is not None and prev.rank == m.rank and m.time - prev.time <= within:
+            merged[-1] = dataclasses.replace(prev, text=f"{prev.text}\n{m.text}")
+        else:
+            merged.append(m)
+    return merged
 
 
 def _decision(event: dict[str, Any], k: int) -> str:

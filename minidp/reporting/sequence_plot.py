@@ -59,9 +59,10 @@ class _Labels:
         self.fontsize, self.placed = fontsize, []
 
     def size(self, text: str) -> tuple[float, float]:
-        """(width, height) of ``text`` in data units."""
-        return (len(text) * self.fontsize * 0.55 / 72 * self.per_x,
-                self.fontsize * 1.3 / 72 * self.per_y)
+        """(width, height) of ``text`` (lines apart at a newline) in data units."""
+        lines = text.split("\n")
+        return (max(map(len, lines)) * self.fontsize * 0.55 / 72 * self.per_x,
+                len(lines) * self.fontsize * 1.3 / 72 * self.per_y)
 
     def place(self, text: str, candidates: list[tuple[float, float]]) -> tuple[float, float]:
         """The first candidate centre where ``text`` overlaps no placed text (else the first)."""
@@ -115,8 +116,9 @@ def draw(diagram: Diagram, title: str) -> Figure:
     for marker in diagram.markers:
         y = rows[marker.rank]
         ax.plot(marker.time, y - 0.2, marker="v", color="black", markersize=5, zorder=6)
-        # Below the lane, a row lower where the last one's text is still there.
-        x, y_text = labels.place(marker.text, [(marker.time, y - 0.34 - 0.13 * k)
+        # Below the lane, its top under the triangle; lower where another text is there.
+        lines = marker.text.count("\n") + 1
+        x, y_text = labels.place(marker.text, [(marker.time, y - 0.3 - 0.055 * lines - 0.13 * k)
                                                for k in range(4)])
         ax.text(x, y_text, marker.text, fontsize=6, ha="center", va="center", zorder=6)
     ax.set_yticks([rows[lane.rank] for lane in diagram.lanes],

@@ -120,8 +120,7 @@ class Waiting:
             guard.wait(self.request, self.comm, self.label)
         else:
             wait_peer(self.request, self.comm, [self.peer], self.label)
-        if self.arrival is not None:
-            Arrows.arrived(self.arrival)
+        Arrows.arrived(self.arrival)
 
 
 def post_send(arrows: Arrows, comm: MPI.Comm, buf: np.ndarray, dest: int, tag: int,

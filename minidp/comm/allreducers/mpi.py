@@ -46,6 +46,7 @@ class MPIAllreduce(FlatAllreduce):
 
     def exchanges(self, buf: np.ndarray, comm: MPI.Comm, p: int, r: int) -> Iterator[Waiting]:
         """One request: MPI's own (drawn as every rank's arrow into rank 0's slice)."""
-        self.topology.arrows.collective("world", "allreduce", self.traffic(p, buf.nbytes)[1])
-        request = comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        yield Waiting(request, comm, self.started_name if self.started else "allreduce")
+        with self.topology.arrows.collective("world", "allreduce",
+                                             self.traffic(p, buf.nbytes)[1]):
+            request = comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            yield Waiting(request, comm, self.started_name if self.started else "allreduce")
