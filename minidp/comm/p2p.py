@@ -179,8 +179,9 @@ def send(buffer: np.ndarray, dest: int, tag: int, topology: Topology, what: str)
     label = f"send {what} to rank {dest}"
     with charged(topology.level(dest), label, 1, buffer.nbytes):
         _count(buffer.nbytes)
-        request = topology.world.Isend([buffer, MPI.BYTE], dest, tag)
+        # Drawn before it is posted: the receiver may have it before Isend returns.
         topology.arrows.message_sent(dest, tag, what, buffer.nbytes)
+        request = topology.world.Isend([buffer, MPI.BYTE], dest, tag)
         wait_peer(request, topology.world, [dest], label)
 
 
@@ -275,8 +276,8 @@ def isend(buffer: np.ndarray, dest: int, tag: int, topology: Topology,
     with tracer().phase("post", op=label):
         pending = Pending(topology.level(dest), label, 1, buffer.nbytes)
         _count(buffer.nbytes)
+        topology.arrows.message_sent(dest, tag, what, buffer.nbytes)  # before, as in send()
         request = topology.world.Isend([buffer, MPI.BYTE], dest, tag)
-        topology.arrows.message_sent(dest, tag, what, buffer.nbytes)
     return PeerRequest(request, topology, label, [dest], buffer, pending,
                        Message(topology.rank, tag, buffer.nbytes))
 

@@ -125,10 +125,12 @@ class Waiting:
 
 def post_send(arrows: Arrows, comm: MPI.Comm, buf: np.ndarray, dest: int, tag: int,
               label: str, what: str) -> Waiting:
-    """``Isend`` of ``buf`` to world rank ``dest`` (``comm`` is the world), its arrow leaving."""
-    sending = comm.Isend(buf, dest=dest, tag=tag)
+    """``Isend`` of ``buf`` to world rank ``dest`` (``comm`` is the world), its arrow leaving.
+
+    The arrow leaves just before the post: the receiver may have it before Isend returns.
+    """
     arrows.message_sent(dest, tag, what, buf.nbytes)
-    return Waiting(sending, comm, label, dest)
+    return Waiting(comm.Isend(buf, dest=dest, tag=tag), comm, label, dest)
 
 
 def post_recv(arrows: Arrows, comm: MPI.Comm, buf: np.ndarray, source: int, tag: int,
