@@ -40,8 +40,7 @@ PICTURES = {
     # Epoch 1 (steps 1-2) warms up, blocking; epoch 2 (steps 3-4) cycles with (4, 1, 1).
     "daso": ("daso", ["--strategy", "daso", "--epochs", "3", "--set", "daso.warmup_epochs=1",
                       "--set", "daso.cooldown_epochs=1", "--train-samples", "128"], 4),
-    "asgd": ("asgd", ["--strategy", "asgd", "--set", "asgd.order=round_robin",
-                      "--train-samples", "240"], 3),
+    "asgd": ("asgd", ["--strategy", "asgd", "--train-samples", "240"], 3),
     "softsync": ("softsync", ["--strategy", "softsync", "--train-samples", "240"], 3),
     "dbs": ("dbs", ["--strategy", "dbs", "--train-samples", "240"], 3),
     "hogwild": ("hogwild", ["--strategy", "hogwild", "--train-samples", "320"], 3),
@@ -64,6 +63,8 @@ def make(name: str, work: str) -> str:
     steps = PICTURES[name][2]
     out = os.path.join(work, name)
     job = command(name, os.path.join(work, "data"), out)
+    if os.path.exists(out):  # a --work directory's earlier run of it: replaced, by minidp
+        job.append("--overwrite")
     print(f"$ {shlex.join(job)}", flush=True)
     status, output = run_job(job, TIMEOUT_S, env=dict(os.environ, PYTHONPATH=ROOT))
     if status != 0:

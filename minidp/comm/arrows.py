@@ -82,16 +82,13 @@ class Collective:
 
     def __init__(self, group: Group, rank: int, what: str, nbytes: int,
                  source: int | None) -> None:
-        ids = [flow_id("c", group.name, group.count, m) for m in group.members]
-        mine = ids[group.members.index(rank)]
-        if source is None:  # into the root: the others leave, the root takes them all
-            self.leaving = [] if rank == group.root else [mine]
-            self.arriving = [i for m, i in zip(group.members, ids) if m != rank] \
-                if rank == group.root else []
-        else:  # out of the source: it sends to each, each takes its own
-            self.leaving = [i for m, i in zip(group.members, ids) if m != source] \
-                if rank == source else []
-            self.arriving = [] if rank == source else [mine]
+        hub = group.root if source is None else source  # where every arrow meets
+        # The hub draws one end per other member; a member its own arrow's other end.
+        ids = [flow_id("c", group.name, group.count, m)
+               for m in (group.members if rank == hub else [rank]) if m != hub]
+        into = source is None  # a reduction: into the root; a broadcast: out of its source
+        self.leaving = ids if (rank == hub) != into else []
+        self.arriving = ids if (rank == hub) == into else []
         self.what, self.nbytes, self.group = what, nbytes, group.name
 
     def __enter__(self) -> None:

@@ -82,11 +82,19 @@ def draw(diagram: Diagram, title: str) -> Figure:
     rows = _rows(diagram)
     length = max(diagram.length, 1e-3)
     height = 1.6 + 1.05 * (max(rows.values()) - min(rows.values()) + 1)
-    fig, ax = plt.subplots(figsize=(15, height))
+    fig, ax = plt.subplots(figsize=(16, height))
     fig.subplots_adjust(left=0.1, right=0.86, top=0.9, bottom=0.14)
     ax.set_xlim(-0.01 * length, 1.01 * length)
     ax.set_ylim(min(rows.values()) - 0.9, max(rows.values()) + 0.8)
     labels = _Labels(ax, fig, 6)
+    nodes = {lane.rank: lane.node for lane in diagram.lanes}
+    said: dict[tuple, float] = {}
+
+    def repeated(key: tuple, at: float) -> bool:
+        """Whether the text ``key`` was written within 2% of the diagram before ``at``."""
+        before = said.get(key)
+        said[key] = at
+        return before is not None and abs(at - before) <= 0.02 * length
     for lane in diagram.lanes:
         ax.axhline(rows[lane.rank], color="0.8", lw=0.6, zorder=0)
     for box in diagram.boxes:
@@ -105,9 +113,14 @@ def draw(diagram: Diagram, title: str) -> Figure:
         ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=9,
                                      color=colour, lw=0.9, zorder=4, shrinkA=0, shrinkB=0,
                                      linestyle="--" if arrow.kind == "collective" else "-"))
+        # A collective's parts into one root (or out of one source) say the same: one
+        # label for them all.
+        text = f"{arrow.what} {size_text(arrow.nbytes)}"
+        hub = arrow.dest if arrow.kind == "collective" else None
+        if hub is not None and repeated(("arrow", hub, text), arrow.arrived):
+            continue
         # Along the arrow, nearer the sender first: a reply crossing its request (a pull
         # and its answer, the parameters and the centre) keeps a label of its own.
-        text = f"{arrow.what} {size_text(arrow.nbytes)}"
         x, y = labels.place(text, [(x0 + f * (x1 - x0), y0 + f * (y1 - y0))
                                    for f in (1 / 3, 1 / 2, 2 / 3, 1 / 5, 4 / 5)])
         ax.text(x, y, text, fontsize=6, ha="center", va="center", color=colour, zorder=5,
@@ -116,6 +129,9 @@ def draw(diagram: Diagram, title: str) -> Figure:
     for marker in diagram.markers:
         y = rows[marker.rank]
         ax.plot(marker.time, y - 0.2, marker="v", color="black", markersize=5, zorder=6)
+        # The same decision on every rank of a node (DASO's are the node's): said once.
+        if repeated(("marker", nodes[marker.rank], marker.text), marker.time):
+            continue
         # Below the lane, its top under the triangle; lower where another text is there.
         lines = marker.text.count("\n") + 1
         x, y_text = labels.place(marker.text, [(marker.time, y - 0.3 - 0.055 * lines - 0.13 * k)
