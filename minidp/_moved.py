@@ -33,6 +33,8 @@ MOVED = {
     "minidp.strategies.easgd": "minidp.strategies.easgd_base minidp.strategies.easgd_rr "
                                "minidp.strategies.easgd_async minidp.strategies.easgd_hogwild",
     "minidp.strategies.measgd": "minidp.strategies.measgd_async",
+    # point-to-point in one vocabulary: p2p (messages), p2p_request, p2p_wait (issue 38)
+    "minidp.comm.peers": "minidp.comm.p2p_wait",
 }
 
 

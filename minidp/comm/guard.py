@@ -14,7 +14,7 @@
     ``Win.Allocate_shared``, ``Win.Fence``, ``File.Open``, ``Free``): a timed barrier,
     then the call under a watchdog (a rank stopped between the two would hold the others
     inside MPI, where no poll runs: the watchdog names it and ends the process);
-  - point-to-point: :mod:`minidp.comm.peers` (``wait_peer``, ``probe_peer``, on
+  - point-to-point: :mod:`minidp.comm.p2p_wait` (``wait_peer``, ``probe_peer``, on
     :func:`poll_peers`), timing out naming the silent peer;
   - :func:`roll_call`: a barrier that names missing ranks before the status board (the
     names' source, :mod:`minidp.comm.board`, built by the first world Topology) exists.

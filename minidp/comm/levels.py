@@ -24,6 +24,7 @@ charge and wait for with a timeout is below them, never in the strategy.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,9 @@ def node_allreduce(buffer: Buffer, topology: Topology, op: str = "mean") -> np.n
     """
     array = check_buffer(buffer, "hierarchical", op, topology.rank)
     guard.check_same(topology.node, f"node allreduce {op}", array)
-    with charged("intra", "node_allreduce", 0, node_bytes(array, topology)):
+    drawn = topology.arrows.collective("node", "node mean" if op == "mean" else "node sum",
+                                       node_bytes(array, topology))
+    with charged("intra", "node_allreduce", 0, node_bytes(array, topology)), drawn:
         if topology.local_size > 1 and array.size:
             slices = NodeSlices(buffer, topology)
             # A mean divides each block of the sum while it is in cache: the bits of a
@@ -78,7 +81,8 @@ def node_slice_mean(buffer: NodeBuffer, topology: Topology) -> tuple[slice, np.n
                          f"{type(buffer).__name__}) on a node of 2 or more ranks (got "
                          f"{topology.local_size})")
     guard.check_same(topology.node, "node slice mean", array)
-    with charged("intra", "node_reduce", 0, node_bytes(array, topology)):
+    drawn = topology.arrows.collective("node", "node mean", node_bytes(array, topology))
+    with charged("intra", "node_reduce", 0, node_bytes(array, topology)), drawn:
         slices = NodeSlices(buffer, topology)
         mean = slices.sum_slice(mean_over=topology.local_size)
     return slices.mine, mean
@@ -135,12 +139,16 @@ def rail_mean(buffer: np.ndarray, topology: Topology) -> np.ndarray:
     return rail_allreduce(buffer, topology, op="mean")
 
 
-def node_sync(window: SharedArray, *others: SharedArray, what: str = "node_sync") -> None:
+def node_sync(window: SharedArray, *others: SharedArray, what: str = "node_sync",
+              topology: Topology | None = None) -> None:
     """Every rank's stores into these node windows made visible to the node: one barrier.
 
     Timed as ``comm_intra`` under ``what`` (no bytes: the stores are the callers').
+    Drawn as the node's arrows into its root where ``topology`` is given.
     """
-    with charged("intra", what, 0, 0):
+    drawn = topology.arrows.collective("node", what.replace("_", " "), 0) \
+        if topology is not None else contextlib.nullcontext()
+    with charged("intra", what, 0, 0), drawn:
         window.sync(*others)
 
 
@@ -151,7 +159,9 @@ def node_broadcast(buffer: np.ndarray, topology: Topology, root: int) -> np.ndar
                          f"rank in [0, {topology.local_size})")
     guard.check_same(topology.node, f"node broadcast from {root}", buffer)
     if topology.local_size > 1:
-        with charged("intra", "node_broadcast", 0, buffer.nbytes):
+        drawn = topology.arrows.collective("node", "node broadcast", buffer.nbytes,
+                                           source=topology.arrows.member("node", root))
+        with charged("intra", "node_broadcast", 0, buffer.nbytes), drawn:
             guard.wait(topology.node.Ibcast(buffer, root=root), topology.node, "node broadcast")
     return buffer
 
@@ -172,7 +182,8 @@ def broadcast(buffer: np.ndarray, topology: Topology, root: int = 0,
     level = "inter" if nodes > 1 else "intra"
     if topology.size > 1:
         sent = buffer.nbytes if topology.rank == root else 0
-        with charged(level, what, rounds if sent else 0, sent * rounds):
+        drawn = topology.arrows.collective("world", what, buffer.nbytes, source=root)
+        with charged(level, what, rounds if sent else 0, sent * rounds), drawn:
             guard.wait(topology.world.Ibcast(buffer, root=root), topology.world, what)
     return buffer
 

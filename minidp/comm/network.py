@@ -105,13 +105,19 @@ class Pending:
                  counted: str | None = None, phase: str = "wait") -> None:
         _account(level, messages, nbytes, counted)
         self.level, self.operation, self.phase = level, operation, phase
+        self.messages, self.nbytes = messages, nbytes
         self.model_s = _charge(messages, nbytes) if level == "inter" else 0.0
         self.start = time.perf_counter()
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
-        """Time the wait; on leaving, sleep until the modelled completion time."""
-        with tracer().phase(self.phase, op=self.operation, level=self.level):
+        """Time the wait; on leaving, sleep until the modelled completion time.
+
+        Its slice carries what was counted at the start (``bytes``, ``messages``): every
+        counted operation has one slice that says so, a blocking one its own.
+        """
+        with tracer().phase(self.phase, op=self.operation, level=self.level,
+                            bytes=self.nbytes, messages=self.messages):
             yield
             remainder = self.model_s - (time.perf_counter() - self.start)
             if remainder > 0:

@@ -5,11 +5,18 @@ themselves, so that every message is
 
 * buffer-based: ``Isend``, ``Irecv`` and ``Iprobe`` on a C-contiguous NumPy array,
   moved as raw bytes (``MPI.BYTE``); dtype and shape are a contract between the two ends;
-* completed by a timed wait (:func:`minidp.comm.peers.wait_peer`,
-  :func:`minidp.comm.peers.probe_peer`) that shows a label on the status board (e.g.
+* completed by a timed wait (:func:`minidp.comm.p2p_wait.wait_peer`,
+  :func:`minidp.comm.p2p_wait.probe_peer`) that shows a label on the status board (e.g.
   ``"recv parameters from rank 2"``) and, past ``MINIDP_COMM_TIMEOUT``, raises
   :class:`~minidp.comm.guard.CommTimeout` naming the silent peer and what it was last in;
-* counted, timed and charged by the level it crosses (``topology.level(peer)``).
+* counted, timed and charged by the level it crosses (``topology.level(peer)``);
+* drawn: the send's slice holds the start of the message's arrow in the trace, the
+  receive's slice its end (:mod:`minidp.comm.arrows`).
+
+A posted message (:func:`isend`, :func:`irecv`) is a :class:`PeerRequest`
+(:mod:`minidp.comm.p2p_request`) until it completes. Besides ``bytes_<level>``, every
+message counts ``messages_p2p`` and ``bytes_p2p`` (of them, point-to-point), which the
+trace's counters show beside its arrows.
 
 Accounting and the network model: the sender's link pays, as a serialising NIC does::
 
@@ -45,16 +52,14 @@ not be reused, and under ``python -m mpi4py`` the exception ends the job anyway.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from minidp.comm import guard
 from minidp.comm.network import Pending, charged
-from minidp.comm.peers import probe_peer, wait_peer
+from minidp.comm.p2p_request import Message, PeerRequest, message_of
+from minidp.comm.p2p_wait import probe_peer, wait_peer
 from minidp.comm.topology import Topology
 from minidp.trace import tracer
 
@@ -62,14 +67,6 @@ ANY_SOURCE = MPI.ANY_SOURCE
 ANY_TAG = MPI.ANY_TAG
 TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)  # the largest tag MPI accepts
 IDLE = "idle"  # a server waiting for its next request: traced, but not one of PHASES
-
-
-class Message(NamedTuple):
-    """A message's envelope: who sent it, with which tag, and how many bytes it holds."""
-
-    source: int
-    tag: int
-    nbytes: int
 
 
 def _is_int(value: Any) -> bool:
@@ -147,10 +144,6 @@ def _from_text(source: int, peers: list[int]) -> str:
     return f"rank {peers[0]}" if len(peers) == 1 else f"any of ranks {_ranks_text(peers)}"
 
 
-def _message(status: MPI.Status) -> Message:
-    return Message(status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE))
-
-
 def _check_fits(message: Message, buffer: np.ndarray, topology: Topology, label: str) -> None:
     """Refuse a message larger than ``buffer`` or not a whole number of its elements."""
     if message.nbytes > buffer.nbytes:
@@ -185,6 +178,9 @@ def send(buffer: np.ndarray, dest: int, tag: int, topology: Topology, what: str)
     dest = _check_rank("dest", dest, topology, wildcard=False)
     label = f"send {what} to rank {dest}"
     with charged(topology.level(dest), label, 1, buffer.nbytes):
+        _count(buffer.nbytes)
+        # Drawn before it is posted: the receiver may have it before Isend returns.
+        topology.arrows.message_sent(dest, tag, what, buffer.nbytes)
         request = topology.world.Isend([buffer, MPI.BYTE], dest, tag)
         wait_peer(request, topology.world, [dest], label)
 
@@ -218,10 +214,11 @@ def recv(buffer: np.ndarray, source: int, tag: int, topology: Topology, what: st
     with tracer().phase("wait", op=label):
         # Probe first: the size is checked before anything is written, and the receive
         # below matches exactly the probed message (same source and tag, first in order).
-        message = _message(probe_peer(topology.world, source, tag, peers, label))
+        message = message_of(probe_peer(topology.world, source, tag, peers, label))
         _check_fits(message, buffer, topology, label)
         request = topology.world.Irecv([buffer, MPI.BYTE], message.source, message.tag)
         wait_peer(request, topology.world, [message.source], label)
+        topology.arrows.message_received(message.source, message.tag)
     return message
 
 
@@ -238,7 +235,7 @@ def probe(topology: Topology, source: int = ANY_SOURCE, tag: int = ANY_TAG,
     peers = _check_peers(peers, source, topology)
     label = f"{what} (probe from {_from_text(source, peers)})"
     with tracer().phase(phase, op=label):
-        return _message(probe_peer(topology.world, source, tag, peers, label))
+        return message_of(probe_peer(topology.world, source, tag, peers, label))
 
 
 def next_request(topology: Topology, active: list[int], turn: int | None) -> Message:
@@ -259,107 +256,13 @@ def poll(topology: Topology, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Me
     source = _check_rank("source", source, topology, wildcard=True)
     tag = _check_tag(tag, topology, wildcard=True)
     status = MPI.Status()
-    return _message(status) if topology.world.Iprobe(source, tag, status) else None
+    return message_of(status) if topology.world.Iprobe(source, tag, status) else None
 
 
-class PeerRequest:
-    """A posted :func:`isend` or :func:`irecv`: ``test()`` polls it, ``wait()`` completes it.
-
-    The buffer belongs to MPI until ``wait()`` returns (or ``test()`` returned True).
-    ``wait()`` of a send is timed under the phase ``wait`` and sleeps what is left of
-    the network model's time counted from the post, so work done meanwhile hides it;
-    call it even after ``test()`` returned True. ``wait()`` of a receive is timed under
-    ``wait`` and, on a timeout, cancels the receive.
-
-    Args:
-        request: the mpi4py request.
-        topology: gives the communicator and this rank.
-        label: what the request does, for the status board and the timeout.
-        peers: the ranks that could complete it.
-        buffer: the array MPI reads or writes (kept alive here until completion).
-        pending: for a send, its accounting (counted at the post); None for a receive.
-        sent: for a send, the message it sends; None for a receive (known when done).
-    """
-
-    def __init__(self, request: MPI.Request, topology: Topology, label: str, peers: list[int],
-                 buffer: np.ndarray, pending: Pending | None = None,
-                 sent: Message | None = None) -> None:
-        self.request, self.topology, self.label, self.peers = request, topology, label, peers
-        self.buffer, self.pending = buffer, pending
-        self.status = MPI.Status()
-        self.message = sent
-        self.done = False  # MPI has completed the request
-        self.waited = False  # wait() has returned (the model's time is paid)
-        self.failed: Exception | None = None  # a receive refused or cancelled: wait() raises
-
-    def test(self) -> bool:
-        """Make progress; True once the communication is complete."""
-        if not self.done and self.failed is None:
-            with self._refusing_truncation():
-                self.done = bool(self.request.Test(self.status))
-            if self.done:
-                self._finish()
-        return self.done
-
-    def wait(self) -> Message:
-        """Block until complete (timed, naming the silent peer); idempotent.
-
-        Returns:
-            For a receive the message's source, tag and size in bytes; for a send this
-            rank, the tag and the bytes sent.
-        """
-        if self.failed is not None:
-            raise self.failed
-        if not self.waited:
-            phase = (self.pending.waiting() if self.pending is not None
-                     else tracer().phase("wait", op=self.label))
-            with phase:
-                if not self.done:
-                    self._complete()
-            self.waited = True
-        return self.message
-
-    def _complete(self) -> None:
-        try:
-            with self._refusing_truncation():
-                wait_peer(self.request, self.topology.world, self.peers, self.label,
-                                self.status)
-        except guard.CommTimeout as timeout:
-            if self.pending is not None:
-                raise  # a send stays posted; wait() may be called again
-            if guard.withdraw(self.request, self.status):
-                self.failed = timeout
-                raise
-            # The message slipped in between the timeout and the cancel: it is received.
-        self.done = True
-        self._finish()
-
-    def _finish(self) -> None:
-        if self.pending is not None:
-            return
-        self.message = _message(self.status)
-        if self.message.nbytes % self.buffer.itemsize:
-            self.failed = ValueError(
-                f"rank {self.topology.rank}: {self.label}: the message from rank "
-                f"{self.message.source} with tag {self.message.tag} has "
-                f"{self.message.nbytes} bytes, not a whole number of {self.buffer.dtype} "
-                "elements")
-            raise self.failed
-
-    @contextlib.contextmanager
-    def _refusing_truncation(self) -> Iterator[None]:
-        """Turn MPI's truncation error into a ValueError naming source, tag and sizes."""
-        try:
-            yield
-        except MPI.Exception as error:
-            if error.Get_error_class() != MPI.ERR_TRUNCATE:
-                raise
-            self.failed = ValueError(
-                f"rank {self.topology.rank}: {self.label}: the message from rank "
-                f"{self.status.Get_source()} with tag {self.status.Get_tag()} is larger than "
-                f"the buffer ({self.buffer.nbytes} bytes, shape {self.buffer.shape} "
-                f"{self.buffer.dtype}); MPI truncated it (probe() first to learn its size)")
-            raise self.failed from error
+def _count(nbytes: int) -> None:
+    """Of the level's counters, what is point-to-point: one message of ``nbytes``."""
+    tracer().count("messages_p2p")
+    tracer().count("bytes_p2p", nbytes)
 
 
 def isend(buffer: np.ndarray, dest: int, tag: int, topology: Topology,
@@ -369,8 +272,12 @@ def isend(buffer: np.ndarray, dest: int, tag: int, topology: Topology,
     _check_buffer(buffer, topology, writable=False)
     dest = _check_rank("dest", dest, topology, wildcard=False)
     label = f"send {what} to rank {dest}"
-    pending = Pending(topology.level(dest), label, 1, buffer.nbytes)
-    request = topology.world.Isend([buffer, MPI.BYTE], dest, tag)
+    # The post is a slice of its own ("post"): the arrow leaves from it, now.
+    with tracer().phase("post", op=label):
+        pending = Pending(topology.level(dest), label, 1, buffer.nbytes)
+        _count(buffer.nbytes)
+        topology.arrows.message_sent(dest, tag, what, buffer.nbytes)  # before, as in send()
+        request = topology.world.Isend([buffer, MPI.BYTE], dest, tag)
     return PeerRequest(request, topology, label, [dest], buffer, pending,
                        Message(topology.rank, tag, buffer.nbytes))
 

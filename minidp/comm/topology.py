@@ -11,6 +11,8 @@
     cross    the "rail": the workers with this worker's local rank on every node
     leaders  local rank 0 of every node (the rail of local rank 0), None elsewhere
     workspace  the scratch arrays and windows its collectives reuse (Workspace)
+    arrows   the trace's arrows: messages and collectives counted so that both ends of
+             one carry the same id (minidp.comm.arrows); lane(): the rank's trace lane
 
 Placement is decided over the whole world, servers included: at 4 ranks as 2 x 2 with
 one server, node 0 holds the server (rank 0) and worker 1, node 1 workers 2 and 3.
@@ -40,6 +42,7 @@ from mpi4py import MPI
 
 from minidp import threads
 from minidp.comm import guard
+from minidp.comm.arrows import Arrows, Group
 from minidp.comm.shared import Workspace
 
 ROLES = ("worker", "server")
@@ -154,6 +157,7 @@ class Topology:
         guard.collective(world_node, _SET_UP, world_node.Free)
         self._build_worker_levels()
         self.workspace = Workspace(self.node, self.rank)
+        self.arrows = Arrows(self.rank, self._groups())
         # Names appear in timeout and debug messages.
         if self.node is not None:
             self.node.Set_name(f"node {self.node_id}")
@@ -233,6 +237,32 @@ class Topology:
         node_ids = sorted({self.nodes_of_ranks[r] for r in self.worker_ranks})
         self.num_nodes = len(node_ids)
         self.node_id = node_ids.index(self.nodes_of_ranks[self.rank]) if worker else None
+
+    def _groups(self) -> dict[str, Group]:
+        """This rank's communicators as the trace's arrows name them (minidp.comm.arrows).
+
+        Their world ranks are computed from ``nodes_of_ranks``, as the splits above
+        ordered them, so every member names the same ranks without a message.
+        """
+        groups = {"world": Group("world", list(range(self.size)))}
+        if self.role != "worker":
+            return groups
+        nodes: dict[int, list[int]] = {}
+        for r in self.worker_ranks:
+            nodes.setdefault(self.nodes_of_ranks[r], []).append(r)
+        groups["node"] = Group(f"node {self.node_id}", nodes[self.nodes_of_ranks[self.rank]])
+        k = self.local_rank
+        groups["rail"] = Group(f"rail {k}", [members[k] for _, members in sorted(nodes.items())
+                                             if k < len(members)])
+        if k == 0:
+            groups["leaders"] = groups["rail"]  # the same communicator: one count
+        return groups
+
+    def lane(self) -> tuple[str, int]:
+        """This rank's lane in the trace: its name, and its place (grouped by node)."""
+        node = self.nodes_of_ranks[self.rank]
+        role = " (server)" if self.role == "server" else ""
+        return f"node {node} / rank {self.rank}{role}", node * self.size + self.rank
 
     @property
     def is_leader(self) -> bool:

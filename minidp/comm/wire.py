@@ -90,8 +90,9 @@ class HalfSum:
                             f"got {words.dtype} {words.shape}")
         guard.check_same(topology.cross, f"rail allreduce {self.kind}", words)
         if topology.num_nodes > 1 and words.size:
-            with charged("inter", f"rail_allreduce_{self.kind}",
-                         *ring_traffic(topology.num_nodes, words.nbytes)):
+            traffic = ring_traffic(topology.num_nodes, words.nbytes)
+            drawn = topology.arrows.collective("rail", f"rail sum {self.kind}", traffic[1])
+            with charged("inter", f"rail_allreduce_{self.kind}", *traffic), drawn:
                 guard.wait(topology.cross.Iallreduce(MPI.IN_PLACE, words, op=self.op),
                            topology.cross, f"rail allreduce {self.kind}")
         return words

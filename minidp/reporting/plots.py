@@ -113,7 +113,8 @@ def phases_per_epoch(runs: list[Run]) -> Figure:
     """Seconds per phase in every epoch, busiest rank (each phase's maximum over ranks)."""
     fig, axes = _panels(len(runs))
     for ax, r in zip(axes, runs):
-        _stacked(ax, [m["epoch"] for m in r.epochs], [m["phases"] for m in r.epochs])
+        # A row without phases (they are optional in metrics.jsonl) is an empty bar.
+        _stacked(ax, [m["epoch"] for m in r.epochs], [m.get("phases", {}) for m in r.epochs])
         ax.set_title(_wrap(r.label), fontsize="medium")
         _epochs(ax)
     for ax in axes[::COLUMNS]:

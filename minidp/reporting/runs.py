@@ -1,4 +1,4 @@
-"""A run directory read back without MPI: configuration, epochs, summary, phases per rank.
+"""A run directory read back without MPI: configuration, epochs, summary, its trace.
 
 A run directory (``--out`` of ``train``) holds ``run.json``, ``metrics.jsonl``,
 ``summary.json`` and ``trace.json`` (:mod:`minidp.run.files`). :func:`load_run` reads
@@ -88,6 +88,7 @@ class Run:
     summary: dict[str, Any] | None
     rank_phases: dict[int, dict[str, float]]  # rank -> phase -> seconds (from trace.json)
     label: str = ""
+    trace: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its events
 
     @property
     def strategy(self) -> str:
@@ -106,18 +107,28 @@ class Run:
         return [m.get("strategy", {}).get(key) for m in self.epochs]
 
 
-def rank_phases(trace_path: str) -> dict[int, dict[str, float]]:
-    """Seconds per phase per rank over the whole run, summed from the trace's events."""
+def trace_events(trace_path: str) -> list[dict[str, Any]]:
+    """The events of ``trace.json`` (none if the run has no trace), a list checked."""
     if not os.path.lexists(trace_path):
-        return {}
+        return []
     trace = read_json(trace_path, "trace.json")
     events = trace.get("traceEvents") if isinstance(trace, dict) else trace
-    if not isinstance(events, list):
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise Unreadable(f"trace.json: '{trace_path}' holds no list of events, allowed: "
                          "Chrome's trace format, as minidp writes it")
+    return events
+
+
+def rank_phases(trace_path: str, events: list[dict[str, Any]] | None = None
+                ) -> dict[int, dict[str, float]]:
+    """Seconds per phase per rank over the whole run, summed from the trace's events.
+
+    ``events``: the trace's events if read already (else read from ``trace_path``).
+    """
+    events = trace_events(trace_path) if events is None else events
     totals: dict[int, dict[str, float]] = {}
     for k, e in enumerate(events):
-        if isinstance(e, dict) and e.get("ph") == "X" and e.get("name") in PHASES:
+        if e.get("ph") == "X" and e.get("name") in PHASES:
             fields(e, {"pid": count(0), "dur": SECONDS}, f"trace.json: '{trace_path}', event {k}")
             per_rank = totals.setdefault(e["pid"], dict.fromkeys(PHASES, 0.0))
             per_rank[e["name"]] += e["dur"] * 1e-6
@@ -172,10 +183,12 @@ def load_run(path: str) -> Run:
             where = f"summary.json: '{summary_path}'"
             summary = json_object(read_json(summary_path, "summary.json"), where)
             fields(summary, SUMMARY, where, SUMMARY_MAY)
-        phases = rank_phases(os.path.join(path, "trace.json"))
+        trace_path = os.path.join(path, "trace.json")
+        events = trace_events(trace_path)
+        phases = rank_phases(trace_path, events)
     except Unreadable as exc:
         raise Unreadable(f"report: {exc}") from None
-    return Run(path, config, epochs, summary, phases)
+    return Run(path, config, epochs, summary, phases, trace=events)
 
 
 def chosen_options(run: Run) -> dict[str, Any]:

@@ -257,7 +257,7 @@ class Explainer:
         if self.step > self.steps:  # step 0: setting up (the first broadcast)
             return
         args = event.get("args", {})
-        if event["ph"] == "i":
+        if event["ph"] == "i" and event["name"] != "step":  # a decision (not a step's mark)
             numbers = " ".join(f"{k}={v}" for k, v in args.items())
             self._say(f"decision  {event['name']}  {numbers}")
         elif event["name"] in COMMUNICATION:

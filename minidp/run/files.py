@@ -8,8 +8,9 @@ half a file, and every name inside the run directory is used without following a
 * ``metrics.jsonl``: one JSON object per epoch, flushed and fsynced as it is written;
 * ``model.npz`` and ``summary.json``: written before the event log (``events.json``,
   for ``minidp replay``) and any trace are gathered, so neither can cost the result;
-* ``trace.json``: every rank writes its own part, then rank 0 merges the parts one at
-  a time (no process holds every rank's events at once).
+* ``trace.json``: every rank writes its own part (:meth:`minidp.trace.Tracer.finish`:
+  its lane's name and place, its events, its counters), then rank 0 merges the parts
+  one at a time (no process holds every rank's events at once).
 
 The JSON is strict (:func:`strict_json`): a number that is not finite (a diverged run's
 test loss) is ``null``, never the bare ``NaN`` that JSON parsers other than Python's refuse.
@@ -172,8 +173,9 @@ def _merge(out: Any, parts: Directory, ranks: int) -> None:
     for r in range(ranks):
         with parts.open_read(f"rank-{r:05d}.json") as f:
             events = json.load(f)
-        events.append({"name": "process_name", "ph": "M", "pid": r,
-                       "args": {"name": f"rank {r}"}})
+        if not any(e.get("name") == "process_name" for e in events[:2]):
+            events.append({"name": "process_name", "ph": "M", "pid": r,
+                           "args": {"name": f"rank {r}"}})
         for event in events:
             out.write(("" if first else ",") + json.dumps(event))
             first = False

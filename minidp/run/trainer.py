@@ -80,7 +80,7 @@ class Trainer:
         self.rank, self.size, self.is_worker = t.rank, t.size, t.role == "worker"
         self.device = backend.select_device(t.host_rank)
         set_network_model(NetworkModel(c.net_latency_us, c.net_bandwidth_gbps))
-        self.tracer = set_tracer(Tracer(self.rank))
+        self.tracer = set_tracer(Tracer(self.rank, t.lane()))
         explained = explain_steps(c.explain)
         if explained:  # before the strategy exists: its first broadcast is step 0
             self.tracer.listener = Explainer(t, explained)
@@ -275,7 +275,12 @@ class Trainer:
             batches.skip(steps * self.batch_size)
             record.partial = None
         model = self.compute.model  # the host model, or its replica on this rank's GPU
-        while n := self.strategy.batch_size(self.batch_size):
+        while True:
+            # Marked before batch_size: a parameter server's pull is the step's first message.
+            tr.begin_step(record.totals["steps"] + 1)
+            n = self.strategy.batch_size(self.batch_size)
+            if not n:
+                break
             with tr.phase("data"):
                 self.compute.parameters_to_device()  # goes up while the batch is read
                 x, y = self.compute.inputs(*batches.take(n))
@@ -320,7 +325,7 @@ class Trainer:
         self.files.write_results(state, summary)
         # for minidp replay; after the results, which a failed write must never cost
         self.files.agreed(self.strategy.write_events, self.files.path("events.json"))
-        self.files.write_trace(self.tracer.events)
+        self.files.write_trace(self.tracer.finish())
         return summary
 
     def _summary(self, totals: dict[str, int]) -> dict[str, Any]:

@@ -304,8 +304,13 @@ class DASO(Strategy):
             out[...] = round_to(out, self.half.kind)
 
     def record(self, batch: int, action: str, **numbers: Any) -> None:
-        """The trace's instant event ``daso <action>`` of this batch (tests read them)."""
-        tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers)
+        """The trace's instant event ``daso <action>`` of this batch (tests read them).
+
+        With the epoch's (B, S, L), which ``minidp report``'s diagram writes beside it.
+        """
+        b, s, l_ = self.batch_schedule.values
+        tracer().mark(f"daso {action}", epoch=self.epoch, batch=batch, **numbers, B=b, S=s,
+                      L=l_)
 
     def _cast_sum(self, part: np.ndarray) -> None:
         """Sum ``part`` over the rail in 16-bit words (blocking); the sum back in ``part``."""

@@ -127,4 +127,5 @@ class NodeReplica:
             d.mean_into(d.take_oldest().whole[0, part], send, out=x)
             d.record(batch, "broadcast", root=send.rail)  # Heat's, needless here
             d.check_finite(x)
-        node_sync(*self.windows, what="replica_sync")  # the momentum's too: _unshare reads it
+        # The momentum's window too: _unshare reads it.
+        node_sync(*self.windows, what="replica_sync", topology=self.daso.topology)

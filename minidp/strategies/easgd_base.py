@@ -100,6 +100,8 @@ class ElasticAveraging(Strategy):
             if centre is not None:
                 x -= self.difference  # x <- x - d
                 self.exchanges += 1
+        if centre is not None and tracer().detailed:  # the diagram's marker
+            tracer().mark("elastic exchange", alpha=self.alpha)
 
     def epoch_stats(self) -> dict[str, Any]:
         """Exchanges per worker this epoch (counted by each worker), on every rank."""
@@ -252,6 +254,8 @@ class ElasticServer(ElasticAveraging):
         p2p.recv(self.incoming, worker, TAG_PARAMS, t, "parameters")
         p2p.send(self.centre, worker, TAG_CENTRE, t, "centre")
         self.events.add(worker, self.epoch)
+        if len(self.events.rows) <= tracer().detail_steps * t.num_workers:  # diagram marker
+            tracer().mark("centre exchange", worker=worker, alpha=self.alpha)
         with tracer().phase("optimizer"):
             # The same operations as the worker's local_update: the same d, bit for bit.
             np.subtract(self.incoming, self.centre, out=self.incoming)

@@ -210,6 +210,8 @@ class ElasticSync(ElasticAveraging):
                 self.total -= self.centre
                 self.total *= self.beta
                 self.centre += self.total
+            if tracer().detailed:  # the diagram's marker
+                tracer().mark("centre update", beta=self.beta)
         if self.tree is not None:
             self.tree.post()
         self.steps += 1

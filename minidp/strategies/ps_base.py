@@ -117,6 +117,7 @@ class ParameterServer(Strategy):
         self.granted, self.pulled_at = 0, 0.0
         self.version = 0  # updates this server has applied over the run
         self.samples_applied = 0  # samples behind those updates (the LR schedule's clock)
+        self.marked = 0  # gradients marked in the trace (mark_gradient)
         self.active: list[int] = []  # server: workers whose epoch goes on (set by serve)
         # The replay's record (minidp.strategies.events): a worker's steps, a server's events.
         self.events = EventLog(SERVER_COLUMNS if t.role == "server" else
@@ -234,7 +235,9 @@ class ParameterServer(Strategy):
             staleness = self.version - version_read
             self.record(worker, staleness, samples)
             self.events.add(GRADIENT, worker, staleness, samples)
+            version = self.version
             self.on_gradient(worker, self.incoming, staleness, samples)
+            self.mark_gradient(worker, staleness, applied=self.version != version)
             self.samples_applied += samples  # after: the LR of this gradient is its round's
         elif tag == TAG_PULL:
             self.on_pull(worker, int(self.header[0]))
@@ -244,6 +247,17 @@ class ParameterServer(Strategy):
     def holds(self, worker: int) -> bool:
         """Whether ``worker``'s pull waits at this server (here never; ``dbs``'s rounds)."""
         return False
+
+    def mark_gradient(self, worker: int, staleness: int, applied: bool) -> None:
+        """The trace's decision (the diagram's marker): a gradient taken, the rate in force.
+
+        For the first ``detail_steps`` x workers gradients only (a server takes no steps
+        of its own), so a long run's later ones cost nothing.
+        """
+        if self.marked < tracer().detail_steps * self.topology.num_workers:
+            self.marked += 1
+            tracer().mark("server update" if applied else "server gradient", worker=worker,
+                          staleness=staleness, lr=self.optimizer.lr, version=self.version)
 
     def on_pull(self, worker: int, wanted: int) -> None:
         """A pull asking for ``wanted`` samples: answered at once (``dbs`` may hold it)."""

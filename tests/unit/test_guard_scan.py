@@ -4,7 +4,7 @@ The package's source is parsed with ``ast``; a call written ``X.Name(...)``, whe
 ``Name`` is an MPI operation that can wait for another rank, is an error outside
 ``minidp/comm/guard.py``, whose wrappers time the wait and name the rank that never
 came. Other modules start non-blocking operations (``Iallreduce``, ``Isend``,
-``Iread_at_all``) and complete them through ``guard.wait`` / ``peers.wait_peer``, and
+``Iread_at_all``) and complete them through ``guard.wait`` / ``p2p_wait.wait_peer``, and
 pass what has no non-blocking form uncalled to ``guard.collective`` (``Split``,
 ``Fence``, ``Free``, ...).
 
@@ -139,7 +139,7 @@ def test_every_blocking_mpi_call_goes_through_the_guard():
             offenders.append(f"{rel}:{line}: {text}(...) in {function}() blocks outside "
                              "minidp.comm.guard; use guard.wait on its non-blocking form, "
                              "guard.collective, guard.bcast_object/allgather_object or "
-                             "peers.wait_peer")
+                             "p2p_wait.wait_peer (minidp.comm.p2p_wait)")
     assert not offenders, "\n".join(offenders)
     stale = sorted(set(ALLOWED) - matched)
     assert not stale, f"entries that match no call any more (remove them): {stale}"

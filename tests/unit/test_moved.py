@@ -13,6 +13,7 @@ import pytest
     ("minidp.strategies.measgd", "minidp.strategies.measgd_async", "MomentumElasticAsync"),
     ("minidp.strategies.ps", "minidp.strategies.ps_base", "ParameterServer"),
     ("minidp.train", "minidp.run.trainer", "Trainer"),
+    ("minidp.comm.peers", "minidp.comm.p2p_wait", "wait_peer"),
 ])
 def test_a_moved_module_imports_under_its_old_name_with_a_warning(old, new, name):
     sys.modules.pop(old, None)

@@ -28,3 +28,73 @@ def test_chrome_trace_merges_ranks_with_process_names():
     trace = json.loads(json.dumps(chrome_trace([a.events, b.events])))
     names = {(e["pid"], e["name"]) for e in trace["traceEvents"]}
     assert {(0, "data"), (1, "wait"), (0, "process_name"), (1, "process_name")} <= names
+
+
+def test_ranks_started_apart_share_one_clock():
+    # Two ranks' tracers start 50 ms apart; an event on the later one right after an
+    # event on the earlier one must not be stamped before it (the arrows between them
+    # run forwards in time). Stamps relative to each tracer's own start would put the
+    # later tracer's event about 50 ms earlier.
+    early = Tracer(rank=0)
+    time.sleep(0.05)
+    late = Tracer(rank=1)
+    early.mark("sent")
+    late.mark("received")
+    sent, received = early.events[-1]["ts"], late.events[-1]["ts"]
+    assert 0 <= received - sent < 20_000  # microseconds: a few at most on an idle machine
+    assert abs(sent - time.time() * 1e6) < 5e6  # on the Unix clock
+
+
+def test_a_flow_has_its_two_ends_bound_to_their_slices():
+    t = Tracer(rank=2)
+    with t.phase("comm_inter", op="send"):
+        t.flow("s", "0x1", "p2p", what="parameters", bytes=8)
+    with t.phase("wait", op="recv"):
+        t.flow("f", "0x2", "p2p")
+    start, end = t.events[0], t.events[2]  # each recorded before its slice, which ends later
+    assert start["ph"] == "s" and start["id"] == "0x1" and start["cat"] == start["name"] == "p2p"
+    assert start["args"] == {"what": "parameters", "bytes": 8} and "bp" not in start
+    assert end["ph"] == "f" and end["bp"] == "e" and end["id"] == "0x2" and "args" not in end
+    # each end lies inside the slice recorded around it
+    for flow, piece in ((start, t.events[1]), (end, t.events[3])):
+        assert piece["ph"] == "X"
+        assert piece["ts"] <= flow["ts"] <= piece["ts"] + piece["dur"]
+
+
+def test_steps_and_decisions_are_marked_for_the_first_steps_only():
+    t = Tracer(rank=1)
+    t.detail_steps = 3
+    detailed = []
+    for step in range(1, 7):
+        t.begin_step(step)
+        detailed.append(t.detailed)
+    assert [e["args"]["step"] for e in t.events if e["name"] == "step"] == [1, 2, 3]
+    assert detailed == [True, True, True, False, False, False]
+    off = Tracer(rank=1, record_events=False)
+    off.begin_step(1)
+    off.flow("s", "0x1", "p2p")
+    assert off.events == [] and off.finish() == []
+
+
+def test_finish_names_the_lane_first_and_ends_with_the_runs_counters():
+    t = Tracer(rank=3, lane=("node 1 / rank 3", 7))
+    t.count("bytes_inter", 10)
+    t.reset()  # an epoch's end: the run's totals go on
+    t.count("bytes_inter", 5)
+    t.count("messages_p2p")
+    with t.phase("forward"):
+        pass
+    events = t.finish()
+    assert events[0] == {"name": "process_name", "ph": "M", "pid": 3,
+                         "args": {"name": "node 1 / rank 3"}}
+    assert events[1] == {"name": "process_sort_index", "ph": "M", "pid": 3,
+                         "args": {"sort_index": 7}}
+    assert events[2]["name"] == "forward"
+    assert events[-1]["ph"] == "C" and events[-1]["name"] == "sent"
+    assert events[-1]["args"] == {"bytes_inter": 15, "messages_p2p": 1}
+    assert t.counters == {"bytes_inter": 5, "messages_p2p": 1}
+    # merged: a rank that names no lane (no events) is "rank R"
+    trace = chrome_trace([[], Tracer(rank=1, lane=("node 0 / rank 1", 1)).finish()])
+    names = sorted((e["pid"], e["args"]["name"]) for e in trace["traceEvents"]
+                   if e["name"] == "process_name")
+    assert names == [(0, "rank 0"), (1, "node 0 / rank 1")]

@@ -36,10 +36,13 @@ from typing import Any, ClassVar
 import numpy as np
 from mpi4py import MPI
 
-from minidp.comm import guard, peers
+from minidp.comm import guard
+from minidp.comm.arrows import Arrows
 from minidp.comm.network import Pending, charged
+from minidp.comm.p2p_wait import wait_peer
 from minidp.comm.shared import NodeBuffer, SharedArray
 from minidp.comm.topology import Topology
+from minidp.trace import tracer
 
 OPS = ("sum", "mean")
 TAG = 7301  # point-to-point tags of the flat algorithms: TAG .. TAG + 4
@@ -100,40 +103,54 @@ class Waiting:
         label: what the status board and a timeout call this wait.
         peer: for a point-to-point request, the rank that can complete it (a timeout
             names it); None for a collective (a timeout names every missing rank).
+        arrival: for a receive, its message's arrow id (:mod:`minidp.comm.arrows`): the
+            arrow ends where the wait completes it.
     """
 
-    __slots__ = ("request", "comm", "label", "peer")  # one per message: kept light
+    __slots__ = ("request", "comm", "label", "peer", "arrival")  # one per message: kept light
 
     def __init__(self, request: MPI.Request, comm: MPI.Comm, label: str,
-                 peer: int | None = None) -> None:
+                 peer: int | None = None, arrival: str | None = None) -> None:
         self.request, self.comm, self.label, self.peer = request, comm, label, peer
-
-    def done(self) -> bool:
-        """Whether it has completed (then it is also waited on).
-
-        The wait on a completed request returns at once; it is there so that the status
-        board counts the same calls on every rank, whether test() or wait() completed it.
-        """
-        if not self.request.Test():
-            return False
-        self.wait()
-        return True
+        self.arrival = arrival
 
     def wait(self) -> None:
         """Complete it, or raise CommTimeout naming who never came."""
         if self.peer is None:
             guard.wait(self.request, self.comm, self.label)
         else:
-            peers.wait_peer(self.request, self.comm, [self.peer], self.label)
+            wait_peer(self.request, self.comm, [self.peer], self.label)
+        Arrows.arrived(self.arrival)
 
 
-def exchange(comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray, source: int,
-             tag: int, label: str) -> Iterator[Waiting]:
+def post_send(arrows: Arrows, comm: MPI.Comm, buf: np.ndarray, dest: int, tag: int,
+              label: str, what: str) -> Waiting:
+    """``Isend`` of ``buf`` to world rank ``dest`` (``comm`` is the world), its arrow leaving.
+
+    The arrow leaves just before the post: the receiver may have it before Isend returns.
+    """
+    arrows.message_sent(dest, tag, what, buf.nbytes)
+    return Waiting(comm.Isend(buf, dest=dest, tag=tag), comm, label, dest)
+
+
+def post_recv(arrows: Arrows, comm: MPI.Comm, buf: np.ndarray, source: int, tag: int,
+              label: str) -> Waiting:
+    """``Irecv`` into ``buf`` from world rank ``source``; its arrow ends at the wait.
+
+    The arrow is counted at the post: an algorithm's receives are never cancelled, and
+    MPI matches the posted receives of one source and tag in the order they were posted.
+    """
+    receiving = comm.Irecv(buf, source=source, tag=tag)
+    return Waiting(receiving, comm, label, source, arrows.received_id(source, tag))
+
+
+def exchange(arrows: Arrows, comm: MPI.Comm, send: np.ndarray, dest: int, recv: np.ndarray,
+             source: int, tag: int, label: str, what: str) -> Iterator[Waiting]:
     """A send-receive pair as waits to yield: the receive (naming source), then the send."""
-    receiving = comm.Irecv(recv, source=source, tag=tag)
-    sending = comm.Isend(send, dest=dest, tag=tag)
-    yield Waiting(receiving, comm, label, source)
-    yield Waiting(sending, comm, label, dest)
+    receiving = post_recv(arrows, comm, recv, source, tag, label)
+    sending = post_send(arrows, comm, send, dest, tag, label, what)
+    yield receiving
+    yield sending
 
 
 _UNTIMED = contextlib.nullcontext()  # a blocking operation's wait: its phases time it
@@ -183,7 +200,24 @@ class AllreduceRequest(abc.ABC):
         self.pending: Pending | None = None  # the started form's background part
         self.done = False
         self._steps = self.rounds()
-        self._waiting: Round | None = next(self._steps, None)
+        self._waiting: Round | None = self._posting()
+
+    def _posting(self, completed: Waiting | None = None) -> Round | None:
+        """Run the rounds on to the next request they wait for, outside wait().
+
+        A started operation's part run at its start or in test() is a slice of its own,
+        ``post``: the messages and collectives it starts leave from it (and those that
+        test() found arrived end in it), so their arrows have a slice. A blocking one's
+        phases are its slices. ``completed``: the request test() found complete; it is
+        waited on all the same (at once), so that the status board counts the same calls
+        on every rank, whether test() or wait() completed it.
+        """
+        if not self.started:
+            return next(self._steps, None)
+        with tracer().phase("post", op=self.name):
+            if completed is not None:
+                completed.wait()
+            return next(self._steps, None)
 
     @abc.abstractmethod
     def rounds(self) -> Iterator[Round]:
@@ -219,8 +253,8 @@ class AllreduceRequest(abc.ABC):
 
     def test(self) -> bool:
         """Progress the communication; True once it has completed (then call wait())."""
-        while isinstance(self._waiting, Waiting) and self._waiting.done():
-            self._waiting = next(self._steps, None)
+        while isinstance(self._waiting, Waiting) and self._waiting.request.Test():
+            self._waiting = self._posting(self._waiting)
         return not isinstance(self._waiting, Waiting)
 
     def wait(self) -> np.ndarray:

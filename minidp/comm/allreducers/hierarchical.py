@@ -85,8 +85,9 @@ def rail_communication(request: AllreduceRequest, part: np.ndarray) -> Iterator[
     topology = request.topology
     if topology.num_nodes == 1:
         return
-    with request.communication("inter", "rail_allreduce", "rail iallreduce",
-                               *ring_traffic(topology.num_nodes, part.nbytes)):
+    traffic = ring_traffic(topology.num_nodes, part.nbytes)
+    drawn = topology.arrows.collective("rail", "rail sum", traffic[1])
+    with request.communication("inter", "rail_allreduce", "rail iallreduce", *traffic), drawn:
         summing = topology.cross.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM)
         yield Waiting(summing, topology.cross,
                       "rail iallreduce" if request.started else "rail allreduce")
@@ -140,13 +141,15 @@ class HierarchicalAllreduce(AllreduceRequest):
         """Steps 1-4."""
         t, across = self.topology, self.topology.num_nodes > 1
         whole_mean = t.size if self.op == "mean" and not across else 1
-        with charged("intra", "node_reduce", 0, node_bytes(self.array, t)):  # 1, 2
+        drawn = t.arrows.collective("node", "node sum", node_bytes(self.array, t))
+        with charged("intra", "node_reduce", 0, node_bytes(self.array, t)), drawn:  # 1, 2
             slices = NodeSlices(self.buffer, t)
             part = slices.sum_slice(copy_back=not across, mean_over=whole_mean)
         if part.size:  # 3
             yield from rail_communication(self, part)
         yield IN_WAIT
-        with charged("intra", "node_broadcast", 0, node_bytes(self.array, t)):  # 4
+        drawn = t.arrows.from_root("node", "node result", node_bytes(self.array, t))
+        with charged("intra", "node_broadcast", 0, node_bytes(self.array, t)), drawn:  # 4
             if across:
                 self.to_mean(part, t.size)
                 slices.copy_back()

@@ -52,7 +52,8 @@ class HierarchicalLeaderAllreduce(AllreduceRequest):
     def rounds(self) -> Iterator[Round]:
         """Steps 1-3."""
         buf, t = self.array, self.topology
-        with charged("intra", "node_reduce", 0, node_bytes(buf, t)):  # 1
+        drawn = t.arrows.collective("node", "node buffer", node_bytes(buf, t))
+        with charged("intra", "node_reduce", 0, node_bytes(buf, t)), drawn:  # 1
             shared, zero_copy = node_window(self.buffer, t)
             shared.sync()
         leads = t.is_leader and buf.size > 0
@@ -60,15 +61,18 @@ class HierarchicalLeaderAllreduce(AllreduceRequest):
             total = t.workspace.scratch(self.name, buf.size, buf.dtype)
             sum_rows(shared.whole, total)
             if t.num_nodes > 1:
+                traffic = ring_traffic(t.num_nodes, buf.nbytes)
+                drawn = t.arrows.collective("leaders", "node sum", traffic[1])
                 with self.communication("inter", "leaders_allreduce", "leaders iallreduce",
-                                        *ring_traffic(t.num_nodes, buf.nbytes)):
+                                        *traffic), drawn:
                     request = t.leaders.Iallreduce(MPI.IN_PLACE, total, op=MPI.SUM)
                     yield Waiting(request, t.leaders,
                                   "leaders iallreduce" if self.started else "leaders allreduce")
         yield IN_WAIT
         if leads:  # 2: the leader writes the sum into every segment
             shared.whole[...] = total
-        with charged("intra", "node_broadcast", 0, node_bytes(buf, t)):  # 3
+        drawn = t.arrows.from_root("node", "node result", node_bytes(buf, t))
+        with charged("intra", "node_broadcast", 0, node_bytes(buf, t)), drawn:  # 3
             shared.sync()
             if not zero_copy:
                 buf[...] = shared.segment

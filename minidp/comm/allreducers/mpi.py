@@ -45,6 +45,8 @@ class MPIAllreduce(FlatAllreduce):
         return "inter" if max(per_node.values()) == 1 else "mpi"
 
     def exchanges(self, buf: np.ndarray, comm: MPI.Comm, p: int, r: int) -> Iterator[Waiting]:
-        """One request: MPI's own."""
-        request = comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        yield Waiting(request, comm, self.started_name if self.started else "allreduce")
+        """One request: MPI's own (drawn as every rank's arrow into rank 0's slice)."""
+        with self.topology.arrows.collective("world", "allreduce",
+                                             self.traffic(p, buf.nbytes)[1]):
+            request = comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            yield Waiting(request, comm, self.started_name if self.started else "allreduce")

@@ -12,7 +12,14 @@ from collections.abc import Iterator
 import numpy as np
 from mpi4py import MPI
 
-from minidp.comm.allreducers.base import TAG, FlatAllreduce, Waiting, exchange
+from minidp.comm.allreducers.base import (
+    TAG,
+    FlatAllreduce,
+    Waiting,
+    exchange,
+    post_recv,
+    post_send,
+)
 
 
 def doubling_traffic(ranks: int, nbytes: int) -> tuple[int, float]:
@@ -47,14 +54,13 @@ class RecursiveDoublingAllreduce(FlatAllreduce):
         rem = p - pof2
         tmp = self.topology.workspace.scratch(self.name, buf.size, buf.dtype)
         label = "recursive doubling allreduce with rank {}".format
+        arrows = self.topology.arrows  # each message is one of the trace's arrows
         if r < 2 * rem:
             if r % 2 == 0:
-                yield Waiting(comm.Isend(buf, dest=r + 1, tag=TAG + 2), comm, label(r + 1),
-                              r + 1)
-                yield Waiting(comm.Irecv(buf, source=r + 1, tag=TAG + 3), comm, label(r + 1),
-                              r + 1)
+                yield post_send(arrows, comm, buf, r + 1, TAG + 2, label(r + 1), "buffer to fold")
+                yield post_recv(arrows, comm, buf, r + 1, TAG + 3, label(r + 1))
                 return
-            yield Waiting(comm.Irecv(tmp, source=r - 1, tag=TAG + 2), comm, label(r - 1), r - 1)
+            yield post_recv(arrows, comm, tmp, r - 1, TAG + 2, label(r - 1))
             buf += tmp
             new_rank = r // 2
         else:
@@ -63,8 +69,9 @@ class RecursiveDoublingAllreduce(FlatAllreduce):
         while mask < pof2:
             partner_new = new_rank ^ mask
             partner = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
-            yield from exchange(comm, buf, partner, tmp, partner, TAG + 4, label(partner))
+            yield from exchange(arrows, comm, buf, partner, tmp, partner, TAG + 4,
+                                label(partner), "partial sum")
             buf += tmp
             mask <<= 1
         if r < 2 * rem:
-            yield Waiting(comm.Isend(buf, dest=r - 1, tag=TAG + 3), comm, label(r - 1), r - 1)
+            yield post_send(arrows, comm, buf, r - 1, TAG + 3, label(r - 1), "sum")

@@ -42,13 +42,15 @@ class RingAllreduce(FlatAllreduce):
         tmp = self.topology.workspace.scratch(self.name, b[1] - b[0] + 1, buf.dtype)
         right, left = (r + 1) % p, (r - 1) % p
         label = f"ring allreduce from rank {left} to rank {right}"
+        arrows = self.topology.arrows  # each exchange's messages are the trace's arrows
         for step in range(p - 1):
             send, recv = (r - step) % p, (r - step - 1) % p
             n = b[recv + 1] - b[recv]
-            yield from exchange(comm, buf[b[send]:b[send + 1]], right, tmp[:n], left, TAG,
-                                label)
+            yield from exchange(arrows, comm, buf[b[send]:b[send + 1]], right, tmp[:n], left,
+                                TAG, label, f"chunk {send} to add")
             buf[b[recv]:b[recv + 1]] += tmp[:n]
         for step in range(p - 1):
             send, recv = (r + 1 - step) % p, (r - step) % p
-            yield from exchange(comm, buf[b[send]:b[send + 1]], right,
-                                buf[b[recv]:b[recv + 1]], left, TAG + 1, label)
+            yield from exchange(arrows, comm, buf[b[send]:b[send + 1]], right,
+                                buf[b[recv]:b[recv + 1]], left, TAG + 1, label,
+                                f"summed chunk {send}")

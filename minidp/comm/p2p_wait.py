@@ -1,4 +1,11 @@
-"""Point-to-point under the guard: waits that name the silent peer, never hang.
+"""The guard's waits for point-to-point requests: they name the silent peer, never hang.
+
+One vocabulary for point-to-point (issue 38): every module that deals with single
+messages is ``p2p*``. :mod:`minidp.comm.p2p` sends and receives them (the messages a
+strategy calls, accounted and drawn as arrows in the trace), :mod:`minidp.comm.p2p_request`
+holds a posted one until it completes, and this module is the guard's part of it: the
+timed waits that complete a request or find a message. (It was ``minidp.comm.peers``;
+the old path still imports, with a warning.) The *peer* is the rank at the other end.
 
 A point-to-point request can be completed only by its peer, so its timeout names just
 that peer (or the possible sources), with what the status board (:mod:`minidp.comm.board`)
