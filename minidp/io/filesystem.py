@@ -23,7 +23,6 @@ A run trusts a path three times, and each time the path could name something els
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import os
@@ -32,7 +31,7 @@ import zlib
 from collections.abc import Callable
 from typing import BinaryIO
 
-from minidp.io.atomic import write_failed
+from minidp.io.atomic import atomic_write
 
 HEADER_BYTES = 128  # the .mdp header, whose CRC-32 a stamp holds
 
@@ -176,42 +175,20 @@ def _changed(path: str, found: list[str]) -> str:
 def create_new(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Write a new file at ``path`` through ``write(file)``, never replacing anything there.
 
-    The bytes go to ``PATH.tmp-PID-N`` (created exclusively), are fsynced, then linked as
-    ``path``; the temporary name is removed whatever happens.
+    :func:`minidp.io.atomic.atomic_write` with ``exclusive``: the bytes go to a temporary
+    name created exclusively, are fsynced, then linked as ``path``; the temporary name is
+    removed whatever happens. What this adds is the message a user reads when the name
+    was taken.
 
     Raises:
         FileExistsError: something is at ``path`` already (left as it is).
         WriteFailed: the file could not be written (a full disk, no permission); the
             message names it.
     """
-    directory = os.path.dirname(path) or "."
-    tmp, flags = None, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for attempt in range(100):  # a name left by a killed process is not reused
-        candidate = f"{path}.tmp-{os.getpid()}-{attempt}"
-        try:
-            fd = os.open(candidate, flags, 0o644)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise write_failed(path, exc) from None
-        tmp = candidate
-        break
-    if tmp is None:
-        raise FileExistsError(f"cannot write '{path}': 100 temporary names "
-                              f"'{path}.tmp-{os.getpid()}-N' are taken in '{directory}'")
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)  # fails on any existing name, and never follows a link there
+        atomic_write(path, write, "wb", exclusive=True)
     except FileExistsError:
         taken = FileExistsError(f"'{path}' exists (it may have appeared while minidp wrote "
                                 "it); minidp never replaces a file, it is left as it is")
         taken.errno = errno.EEXIST
         raise taken from None
-    except OSError as exc:
-        raise write_failed(path, exc) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):  # its directory may be gone
-            os.unlink(tmp)
