@@ -324,7 +324,8 @@ class Trainer:
         summary = self._summary(dict(zip(COUNTERS, totals.astype(int).tolist())))
         self.files.write_results(state, summary)
         # for minidp replay; after the results, which a failed write must never cost
-        self.files.agreed(self.strategy.write_events, self.files.path("events.json"))
+        self.files.agreed(self.strategy.write_events, self.files.path("events.json"),
+                         self.files.run_id)
         self.files.write_trace(self.tracer.finish())
         return summary
 

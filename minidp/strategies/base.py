@@ -300,10 +300,13 @@ class Strategy(abc.ABC):
         """Restore :meth:`state_dict`."""
         self.steps = int(state["steps"])
 
-    def write_events(self, path: str) -> None:
-        """Collective at the run's end: the ranks' event rows into ``path`` (none: no file)."""
+    def write_events(self, path: str, tag: str | None = None) -> None:
+        """Collective at the run's end: the ranks' event rows into ``path`` (none: no file).
+
+        ``tag``: the run's id, which names the temporary file (:func:`write_events`).
+        """
         if self.events is not None:
-            write_events(path, self.name, self.topology, self.events)
+            write_events(path, self.name, self.topology, self.events, tag)
 
     # -- helpers for subclasses -----------------------------------------------------------
 

@@ -60,8 +60,12 @@ class EventLog:
         self.rows.append([int(v) for v in values])
 
 
-def write_events(path: str, strategy: str, topology: Topology, log: EventLog) -> None:
+def write_events(path: str, strategy: str, topology: Topology, log: EventLog,
+                 tag: str | None = None) -> None:
     """Collective over the world: every rank's rows gathered; rank 0 writes ``path``.
+
+    ``tag`` (the run's id) names the temporary file, ``events.json.tmp-RUNID``, as every
+    file of a run: one a killed job left is then known as the run's own.
 
     The guard's timed gather is an allgather, so every rank receives the rows. The file
     (JSON, written atomically) names the strategy and the roles, then holds each rank's
@@ -75,4 +79,4 @@ def write_events(path: str, strategy: str, topology: Topology, log: EventLog) ->
     record = {"format": FORMAT, "strategy": strategy, "world_size": topology.size,
               "servers": list(topology.server_ranks), "workers": list(topology.worker_ranks),
               "ranks": ranks}
-    atomic_write(path, lambda f: json.dump(record, f, separators=(",", ":")))
+    atomic_write(path, lambda f: json.dump(record, f, separators=(",", ":")), tag=tag)
