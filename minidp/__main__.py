@@ -215,11 +215,17 @@ def train(args: argparse.Namespace) -> int:
     return finalized(0)
 
 
-def refused(exc: ArgumentsRefused) -> int:
-    """A command line argparse refused: one line (rank 0's, under MPI), exit status 2."""
+def refused(exc: ArgumentsRefused, program: bool) -> int:
+    """A command line argparse refused: one line (rank 0's, under MPI), exit status 2.
+
+    ``program``: this process was started as the command (not ``main()`` called from
+    Python, which carries on after the answer): only then is the refusal agreed by every
+    rank and MPI ended, since under ``python -m mpi4py`` a non-zero exit of a rank that has
+    not finalised MPI aborts the job.
+    """
     from mpi4py import MPI
 
-    if MPI.Is_initialized() and not MPI.Is_finalized():
+    if program and MPI.Is_initialized() and not MPI.Is_finalized():
         return report_error(exc, MPI.COMM_WORLD)
     print(f"error: {exc}", file=sys.stderr)
     return 2
@@ -227,6 +233,7 @@ def refused(exc: ArgumentsRefused) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m minidp``."""
+    program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     # Caught already when this process was started as `minidp train` (the package's first
     # statement); here for a `train` given to main() from Python, before MPI starts.
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except ArgumentsRefused as exc:
-        return refused(exc)
+        return refused(exc, program)
     try:
         if args.command not in ("train", "info"):  # train checks inside its error report
             from minidp.run import environment

@@ -32,3 +32,17 @@ def test_a_file_a_command_cannot_write_is_one_line_naming_it(tmp_path):
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("error: ") and str(taken) in err, err
     assert taken.read_text() == "a user's file\n"
+
+
+def test_a_refused_command_line_given_to_main_from_python_leaves_mpi_running(capsys):
+    # main() called in a process that goes on (a test, a notebook): a flag argparse refuses
+    # is one line and status 2, and MPI stays initialised for what the process does next.
+    from mpi4py import MPI
+
+    from minidp.__main__ import main
+
+    MPI.COMM_WORLD.Barrier()  # MPI initialised, as in any process that imported minidp's comm
+    assert main(["report", "nowhere", "--steps", "11"]) == 2
+    assert "--steps: got '11', allowed: an int from 1 to 10" in capsys.readouterr().err
+    assert not MPI.Is_finalized()
+    assert MPI.COMM_WORLD.allreduce(1) == 1
