@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -228,6 +229,18 @@ def _remove(paths: set[str]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):  # gone already: its job's other rank, or MPICH
             os.remove(path)
+
+
+LAUNCHER_BANNER = re.compile(r"^-{20,}\n.*?^-{20,}\n?", re.S | re.M)
+
+
+def without_launcher_banners(output: str) -> str:
+    """A job's output without Open MPI's ``mpirun`` banners (blocks between lines of dashes).
+
+    ``mpirun`` frames what it says, e.g. that a rank exited with a non-zero status, which
+    it prints after every job that ends with one: what minidp printed is the rest.
+    """
+    return LAUNCHER_BANNER.sub("", output)
 
 
 def job_status(returncode: int, output: str) -> int:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from spmd import ROOT, remove_shm_leftovers, run_spmd, shm_files
+from spmd import ROOT, remove_shm_leftovers, run_spmd, shm_files, without_launcher_banners
 
 from minidp import backend, threads
 from minidp.run import config_page, environment
@@ -111,7 +111,7 @@ def test_cupy_backend_without_cupy_is_one_line_once_from_a_job():
     try:
         assert launch.returncode == 2, launch.output
         why = backend.gpu_info()["why"].split(" (")[0]  # "cupy is not installed", or CUDA's
-        assert launch.output.strip().splitlines() == [
+        assert without_launcher_banners(launch.output).strip().splitlines() == [
             f"error: MINIDP_BACKEND: got 'cupy', but {why}; allowed: numpy, or cupy where "
             "CuPy is installed (pip install -e '.[gpu]') and sees a GPU"], launch.output
         assert not launch.shm & shm_files()  # the job ended normally: MPI removed its files
