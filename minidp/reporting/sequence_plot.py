@@ -9,11 +9,12 @@ left to the moment its receiver had it, labelled with what moved and its bytes: 
 inside a node, black between nodes (a rail), dashed for a collective. The data is
 :func:`minidp.reporting.sequence.sequence`'s; this module only draws it.
 
-Two things keep every word readable however crowded the run. The time axis is drawn
-shorter where nothing happens for long (:class:`_Clock`): one rank's stall on a loaded
-machine no longer squeezes the messages into a corner. And each text goes where no
-earlier one is, measured by the renderer that saves the figure (:class:`_Labels`); a
-text with no free place gets a number there and its words in a key under the plot.
+Two things keep every word readable however crowded the run. Where nothing happens for
+long the time axis is drawn shorter, logarithmically, a mark on the axis there
+(:class:`_Clock`): one rank's stall on a loaded machine takes less of the page from the
+messages. And each text goes where no other is, measured by the renderer that saves the
+figure (:class:`_Labels`); a text with no free place gets a number there and its words
+in a key under the plot.
 """
 
 from __future__ import annotations
