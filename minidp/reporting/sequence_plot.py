@@ -193,18 +193,21 @@ def draw(diagram: Diagram, title: str) -> Figure:
         ax.add_patch(Rectangle((start, rows[box.rank] - h / 2), clock(box.end) - start, h,
                                color=COLOURS.get(box.phase, "0.6"), lw=0,
                                alpha=0.9 if tall else 0.75, zorder=1))
+    # (where, the key's words, the number's places, its style) of each text without room
+    unplaced: list[tuple[float, str, list, dict]] = []
     for rank, step, at in diagram.step_starts:
         x, y = clock(at), rows[rank]
         ax.plot([x, x], [y - 0.3, y + 0.3], color="0.25", lw=0.8, zorder=2)
-        labels.place(f"step {step}", [(x, y + 0.32 + 0.12 * k, "left") for k in range(3)],
-                     fontsize=7, va="bottom", color="0.25")
+        above = [(x, y + 0.32 + 0.12 * k, "left") for k in range(3)]
+        style = {"fontsize": 7, "va": "bottom", "color": "0.25"}
+        if labels.place(f"step {step}", above, **style) is None:
+            unplaced.append((x, f"rank {rank}: step {step} starts",
+                             above + labels.around(x, y + 0.32), style))
     for marker in diagram.markers:  # every triangle first: no text covers one
         x, y = clock(marker.time), rows[marker.rank] - 0.2
         ax.plot(x, y, marker="v", color="black", markersize=5, zorder=6)
         centre = ax.transData.transform((x, y))
         labels.keep(Bbox.from_bounds(centre[0] - 4, centre[1] - 4, 8, 8))
-    # (where, the key's words, the number's places, its style) of each text without room
-    unplaced: list[tuple[float, str, list, dict]] = []
     said: dict[tuple, float] = {}
 
     def repeated(key: tuple, at: float) -> bool:
@@ -292,12 +295,11 @@ def _key(fig: Figure, ax: plt.Axes, labels: _Labels,
     top = ax.get_tightbbox(renderer).y0 - 8  # pixels, under the tick labels and words
     sizes = [e.get_window_extent(renderer) for e in entries]
     width, line = max(s.width for s in sizes) + 12, max(s.height for s in sizes) + 2
-    left, span = ax.get_window_extent(renderer).x0, ax.get_window_extent(renderer).width
-    columns = max(1, int(span // width))
+    columns = max(1, int(labels.frame.width // width))
     for k, entry in enumerate(entries):
         row, column = divmod(k, columns)
         entry.set_position(fig.transFigure.inverted().transform(
-            (left + column * width, top - (row + 1) * line)))
+            (labels.frame.x0 + column * width, top - (row + 1) * line)))
 
 
 def save(diagram: Diagram, title: str, path: str) -> None:

@@ -267,3 +267,5 @@ def test_no_two_labels_of_a_crowded_diagram_overlap_and_every_fact_is_written():
         assert f"{arrow.what} {size_text(arrow.nbytes)}" in written
     for marker in dense().markers:
         assert all(line in written for line in marker.text.split("\n"))
+    steps = [text for text, _ in texts if text.startswith("step ") or text.endswith(" starts")]
+    assert len(steps) == len(dense().step_starts) == 12
