@@ -16,10 +16,22 @@ from minidp.comm.arrows import Arrows, Group
 from minidp.reporting.readback import Unreadable
 from minidp.reporting.report import write_report
 from minidp.reporting.runs import label_runs, load_run
-from minidp.reporting.sequence import NoSteps, sequence, size_text
+from minidp.reporting.sequence import (
+    Arrow,
+    Box,
+    Diagram,
+    Lane,
+    Marker,
+    NoSteps,
+    sequence,
+    size_text,
+)
 from minidp.trace import Tracer, chrome_trace, set_tracer, tracer
 
 pytest.importorskip("matplotlib")
+import matplotlib.pyplot as plt  # noqa: E402 (after the skip)
+
+from minidp.reporting import sequence_plot  # noqa: E402
 
 LANES = {0: ("node 0 / rank 0 (server)", 0), 1: ("node 0 / rank 1", 1),
          2: ("node 1 / rank 2", 5)}
@@ -198,3 +210,62 @@ def test_report_refuses_a_bad_trace_before_writing_and_a_bad_steps(tmp_path, cap
     assert not out.exists()
     assert main(["report", bad, "--out", str(out), "--steps", "11"]) == 2
     assert "--steps: got '11', allowed: an int from 1 to 10" in capsys.readouterr().err
+
+
+def dense():
+    """A diagram crowded as DASO's warm-up on a loaded machine: four ranks on two nodes,
+    in each of three 2 ms steps every rank sends on its node and its rail and decides
+    three things at once, and rank 1 stalls 300 ms in step 2's update."""
+    lanes = [Lane(r, f"node {r // 2} / rank {r}", r // 2, r) for r in range(4)]
+    boxes, arrows, markers, starts = [], [], [], []
+    t = 0.0
+    for step in (1, 2, 3):
+        for r in range(4):
+            starts.append((r, step, t))
+            boxes.append(Box(r, "forward", t, t + 0.8))
+        for k, (source, dest, what, nbytes, level) in enumerate([
+                (1, 0, "node mean", 2143272, "intra"), (3, 2, "node mean", 2143272, "intra"),
+                (2, 0, "rail sum", 1071636, "inter"), (3, 1, "rail sum", 1071636, "inter"),
+                (0, 1, "replica sync", 0, "intra"), (2, 3, "replica sync", 0, "intra"),
+                (0, 2, "rail sum", 1071636, "inter"), (1, 3, "allreduce", 36, "inter")]):
+            sent = t + 0.9 + 0.1 * k
+            arrows.append(Arrow(source, dest, step, what, nbytes, sent, sent + 0.15, level,
+                                "collective"))
+        for r in range(4):
+            markers.append(Marker(r, t + 1.8, step, f"send rail {r % 2}, B,S,L=4,1,{r}\n"
+                                  f"average rail {r % 2}\nbcast from {r}"))
+        stall = 300.0 if step == 2 else 0.0
+        boxes += [Box(r, "optimizer", t + 1.9, t + 2.0 + (stall if r == 1 else 0))
+                  for r in range(4)]
+        t += 2.0 + stall
+    return Diagram(3, lanes, boxes, arrows, sorted(markers, key=lambda m: m.time), starts,
+                   0.0, t)
+
+
+def drawn_texts(fig):
+    """Every text drawn on the diagram, under it and in its legend, with its box on the page
+    (pixels): the white box behind it where it has one."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    texts = [t for t in [*ax.texts, *fig.texts, *ax.get_legend().get_texts()] if t.get_text()]
+    return [(t.get_text(), (t.get_bbox_patch() or t).get_window_extent(renderer))
+            for t in texts]
+
+
+def test_no_two_labels_of_a_crowded_diagram_overlap_and_every_fact_is_written():
+    fig = sequence_plot.draw(dense(), "dense")
+    try:
+        texts = drawn_texts(fig)
+    finally:
+        plt.close(fig)
+    overlaps = [(a, b) for i, (a, box) in enumerate(texts) for b, other in texts[i + 1:]
+                if box.overlaps(other)]
+    assert overlaps == []
+    written = "\n".join(text for text, _ in texts)
+    for arrow in dense().arrows:
+        assert f"{arrow.what} {size_text(arrow.nbytes)}" in written
+    for marker in dense().markers:
+        assert all(line in written for line in marker.text.split("\n"))
+    steps = [text for text, _ in texts if text.startswith("step ") or text.endswith(" starts")]
+    assert len(steps) == len(dense().step_starts) == 12
