@@ -2,13 +2,14 @@
 
     .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py examples/asgd.py [--epochs 2]
 
-4 ranks; rank 3 computes 3x slower (``slowdown="3:3"``). ``sync`` has 4 workers that
-wait for rank 3 every step. ``asgd`` and ``dbs`` make rank 0 a parameter server and
-ranks 1-3 workers: an epoch is a budget of samples, so the fast workers take most of
-it; ``dbs`` also gives each worker a batch size proportional to its measured speed, so
-gradients arrive in turn and are about equally stale. Each strategy trains with its own
-default learning rate and momentum (docs/configuration.md). Each run prints its time,
-its accuracy, and what the server saw (updates, staleness, samples per worker).
+4 ranks; rank 3 computes 6x slower (``slowdown="3:6"``: far beyond what a busy machine
+does to the others). ``sync`` has 4 workers that wait for rank 3 every step. ``asgd``
+and ``dbs`` make rank 0 a parameter server and ranks 1-3 workers: an epoch is a budget
+of samples, so the fast workers take most of it; ``dbs`` also gives each worker a batch
+size proportional to its measured speed, so gradients arrive in turn and are about
+equally stale. Each strategy trains with its own default learning rate and momentum
+(docs/configuration.md). Each run prints its time, its accuracy, and what the server saw
+(updates, staleness, samples per worker).
 """
 
 from common import data_settings, parser
@@ -20,7 +21,7 @@ from minidp.run.trainer import Trainer
 args = parser(__doc__, epochs=2).parse_args()
 for strategy in ("sync", "asgd", "dbs"):
     config = TrainConfig(**data_settings(args), model="lenet5", strategy=strategy,
-                         slowdown="3:3", progress=False, out=f"runs/example-asgd-{strategy}",
+                         slowdown="3:6", progress=False, out=f"runs/example-asgd-{strategy}",
                          overwrite=True)
     summary = Trainer(config).fit()
     if MPI.COMM_WORLD.rank == 0:

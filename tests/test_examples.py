@@ -94,7 +94,7 @@ def test_daso_example_drives_train_epoch_through_its_schedule(ran):
 
 
 def test_examples_show_what_their_docstrings_claim(ran):
-    # asgd.py: dbs gives the straggler (rank 3, 3x slower) the smallest batch
+    # asgd.py: dbs gives the straggler (rank 3, 6x slower) the smallest batch
     sizes = re.search(r"batch sizes \{'1': (\d+), '2': (\d+), '3': (\d+)\}", ran["asgd.py"])
     assert sizes and int(sizes[3]) < min(int(sizes[1]), int(sizes[2])), ran["asgd.py"]
     # hbsgd.py: averaging the models every 8 steps sends fewer bytes across nodes

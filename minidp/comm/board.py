@@ -22,6 +22,9 @@ import numpy as np
 from mpi4py import MPI
 
 NOT_VISIBLE = "on another node, state not visible here"
+# A record's "waiting": what its rank did last in the call its label and count name.
+LEFT, WAITING, GAVE_UP = 0, 1, 2
+STATES = {LEFT: "last in", WAITING: "waiting in", GAVE_UP: "gave up in"}
 RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("pid", "i8"),
                     ("label", "S96")])
 
@@ -42,7 +45,7 @@ class StatusBoard:
         memory = MPI.buffer.fromaddress(base.address, n * RECORD.itemsize)
         self.records = np.ndarray(buffer=memory, dtype=RECORD, shape=(n,))
         self.mine = self.records[node.Get_rank()]
-        self.mine["waiting"], self.mine["count"], self.mine["pid"] = 0, 0, os.getpid()
+        self.mine["waiting"], self.mine["count"], self.mine["pid"] = LEFT, 0, os.getpid()
         self.mine["label"], self.mine["since"] = b"start", time.time()
         self.counts: dict[str, int] = {}
 
@@ -55,11 +58,19 @@ class StatusBoard:
     def enter(self, label: str, count: int) -> None:
         """This rank now waits in call ``count`` of ``label``."""
         self.mine["count"], self.mine["label"] = count, _stored(label)
-        self.mine["since"], self.mine["waiting"] = time.time(), 1
+        self.mine["since"], self.mine["waiting"] = time.time(), WAITING
 
     def leave(self) -> None:
         """This rank waits no more (its last label stays, as "last in")."""
-        self.mine["waiting"], self.mine["since"] = 0, time.time()
+        self.mine["waiting"], self.mine["since"] = LEFT, time.time()
+
+    def give_up(self) -> None:
+        """This rank's watchdog ends it inside the call it waits in: it came, and is a victim.
+
+        Its process is gone a moment later; the others, whose watchdogs fire about
+        together, must not name it among those who stopped or died before the call.
+        """
+        self.mine["waiting"], self.mine["since"] = GAVE_UP, time.time()
 
     def members(self, comm: MPI.Comm, ranks: list[int] | None = None) -> list[int]:
         """The world ranks of ``comm``'s ``ranks`` (default: all of them)."""
@@ -90,12 +101,14 @@ class StatusBoard:
             rec = self.records[slot]
             there, halted = rec["label"].decode(errors="replace"), condition(int(rec["pid"]))
             # A rank in a later call has come to this one, whatever became of it since (it
-            # may have ended on its own timeout); one at this call is named if it halted
-            # there.
-            if rec["label"] == _stored(label) and (rec["count"] > count or
-                                                   (rec["count"] == count and not halted)):
+            # may have ended on its own timeout), as has one whose watchdog gave up in this
+            # very call; one at this call is named if it halted there (a stopped process
+            # holds the call, a killed one never completes it).
+            if rec["label"] == _stored(label) and (
+                    rec["count"] > count or (rec["count"] == count and (
+                        not halted or rec["waiting"] == GAVE_UP))):
                 continue
-            state = "waiting in" if rec["waiting"] else "last in"
+            state = STATES[int(rec["waiting"])]
             # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.
             what = f"process {rec['pid']} {halted}" if halted else "never arrived"
             lines.append(f"rank {world_rank}: {what} ({state} {there!r} #{rec['count']}, "
@@ -111,7 +124,7 @@ class StatusBoard:
                 lines.append(f"rank {peer}: {NOT_VISIBLE}")
                 continue
             rec = self.records[slot]
-            state = "waiting in" if rec["waiting"] else "last in"
+            state = STATES[int(rec["waiting"])]
             label = rec["label"].decode(errors="replace")
             seen = f"{state} {label!r} #{rec['count']}, {max(0.0, now - rec['since']):.1f} s ago"
             halted = condition(int(rec["pid"]))

@@ -245,6 +245,8 @@ def _blocked(label: str, count: int, members: list[int], rank: int) -> None:
                      "stopped or died before the call; "
                      + ("; ".join(details) or "every rank of this node is in it") + "\n")
     sys.stderr.flush()
+    if board:
+        board.give_up()
     _hand_over(details)
     os._exit(2)  # the main thread cannot raise from inside MPI; the launcher ends the job
 

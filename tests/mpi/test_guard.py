@@ -10,6 +10,7 @@ still posted on it, so nothing left over can meet a later test's messages.
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 
@@ -151,6 +152,41 @@ def test_a_rank_past_the_call_is_not_named_as_missing(board, label):
         if world.rank == 1:
             status.leave()
     world.Barrier()
+
+
+@needs_peer
+def test_a_rank_whose_watchdog_gave_up_in_the_call_is_not_named_when_gone(board):
+    # Every waiting rank's watchdog fires about together; the first to give up ends its
+    # process. The others must not name it "gone": it came to the call and is a victim.
+    # A rank that is gone while still waiting in the call (killed there) is a culprit.
+    status = guard._board["board"]
+    label = "gave up test"
+    for gave_up, named in [(True, False), (False, True)]:
+        world.Barrier()
+        if world.rank == 1:
+            finished = subprocess.Popen(["true"])
+            finished.wait()  # its pid now names no process: "gone"
+            status.enter(label, 1)
+            if gave_up:
+                status.give_up()
+            own, status.mine["pid"] = status.mine["pid"], finished.pid
+        world.Barrier()
+        if world.rank == 0 and guard._board["board"].slots.get(1) is not None:
+            lines = status.absent([1], label, 1)
+            assert bool(lines) == named, (gave_up, lines)
+            if named:
+                assert lines[0].startswith(f"rank 1: process {finished_pid(status)} is gone "
+                                           "(waiting in 'gave up test' #1, "), lines
+        world.Barrier()
+        if world.rank == 1:
+            status.mine["pid"] = own
+            status.leave()
+    world.Barrier()
+
+
+def finished_pid(status):
+    """The pid rank 1's record holds now (rank 0 reads it from the shared board)."""
+    return int(status.records[status.slots[1]]["pid"])
 
 
 @needs_peer

@@ -50,6 +50,11 @@ class Run:
 
     def __init__(self):
         self.tracers = {r: Tracer(r, LANES[r]) for r in LANES}
+        # One clock for the three: each tracer reads time.time() and perf_counter() when
+        # made, a few microseconds apart (more on a loaded machine), and this play's
+        # events are microseconds apart too: apart, the clocks could reorder them.
+        for t in self.tracers.values():
+            t.origin, t.unix_us = self.tracers[0].origin, self.tracers[0].unix_us
         # Each rank's own groups (each process counts its collectives itself).
         self.arrows = {0: Arrows(0, {"world": Group("world", [0, 1, 2])}),
                        **{r: Arrows(r, {"world": Group("world", [0, 1, 2]),
