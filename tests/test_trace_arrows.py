@@ -1,8 +1,9 @@
 """Who sends what to whom, in real 4-rank runs: the trace's arrows and messages.png's data.
 
 Six runs of ``minidp train`` on 4 ranks as 2 nodes x 2 (issue 39): sync with the
-hierarchical allreduce, hsgd, daso (one warm-up epoch, then cycling), asgd and easgd-rr
-(rank 0 serves, ranks 1-3 work) and easgd-sync. For each, ``trace.json`` must
+hierarchical allreduce, hsgd, daso (one warm-up epoch, then cycling), asgd (workers in
+turn) and easgd-rr (rank 0 serves, ranks 1-3 work), easgd-sync. For each, ``trace.json``
+must
 
 * pass the check of Chrome's trace format (``tests/chrome_trace.py``), with every flow
   event inside a slice of its rank, so that a viewer draws every arrow;
@@ -41,7 +42,10 @@ RUNS = {
     # 2 steps per epoch: epoch 1 blocks (steps 1-2), epoch 2 cycles with (4, 1, 1).
     "daso": ["--strategy", "daso", "--epochs", "3", "--set", "daso.warmup_epochs=1",
              "--set", "daso.cooldown_epochs=1", "--train-samples", "128"],
-    "asgd": ["--strategy", "asgd"],
+    # Workers in turn: each takes every third batch of the epoch's budget, so each one's
+    # first 3 steps are before the epoch's end (first come first served lets a worker
+    # descheduled on a busy machine do fewer, its step 3 then holding the epoch's end).
+    "asgd": ["--strategy", "asgd", "--set", "asgd.order=round_robin"],
     "easgd-rr": ["--strategy", "easgd-rr"],
     "easgd-sync": ["--strategy", "easgd-sync"],
 }
