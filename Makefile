@@ -65,9 +65,10 @@ test: lint test-nojit test-suite
 # Two pytest-xdist workers: most tests launch MPI jobs that wait (for a timeout, a signal,
 # a peer), and one worker alone keeps the machine's two cores half idle. The modules
 # that share a fixture run on one worker each (their xdist_group mark); every test passes
-# beside another job as it must on a shared machine (docs/reliability.md).
+# beside another job as it must on a shared machine (docs/reliability.md). The 15 slowest
+# are listed at the end: where the suite's time goes.
 test-suite: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15 tests
 
 # The suite under Open MPI, the MPI of most clusters, in .venv-system built against the
 # system's Open MPI (Debian: apt-get install openmpi-bin libopenmpi-dev). CI runs it after
