@@ -64,6 +64,7 @@ class Tracer:
         self.totals: dict[str, int] = defaultdict(int)  # the counters, never reset
         self.events: list[dict[str, Any]] = []
         self.step, self.detail_steps = 0, DETAIL_STEPS
+        self.served: dict[int, int] = {}  # a server's decisions marked, per worker
         # Called with every event as it ends (``--explain`` prints them); None: nobody.
         self.listener: Callable[[dict[str, Any]], None] | None = None
 
@@ -98,6 +99,19 @@ class Tracer:
         its updates against ``detail_steps`` x the workers instead.
         """
         return self.step <= self.detail_steps
+
+    def detailed_for(self, worker: int) -> bool:
+        """On a server or master: whether to mark this decision on ``worker``'s message.
+
+        True for each worker's first :data:`DETAIL_STEPS` messages, those of its first
+        steps (a worker's messages come in its steps' order). Counted per worker: a fast
+        worker's later messages may come before a slow one's first.
+        """
+        served = self.served.get(worker, 0)
+        if served >= self.detail_steps:
+            return False
+        self.served[worker] = served + 1
+        return True
 
     def begin_step(self, step: int) -> None:
         """A worker's step ``step`` (of the run, from 1) begins: marked while detailed."""

@@ -157,7 +157,6 @@ class ElasticServer(ElasticAveraging):
                                   f"{self.name}.order", t.rank)
         self.header = np.zeros(1, np.int64)
         self.requests: list[p2p.PeerRequest] = []
-        self.marked: dict[int, int] = {}  # exchanges marked in the trace, per worker
         # The replay's record (minidp.strategies.events): the worker's steps, the master's
         # exchanges in the order it answered them.
         self.events = EventLog(MASTER_COLUMNS if t.role == "server" else
@@ -255,11 +254,7 @@ class ElasticServer(ElasticAveraging):
         p2p.recv(self.incoming, worker, TAG_PARAMS, t, "parameters")
         p2p.send(self.centre, worker, TAG_CENTRE, t, "centre")
         self.events.add(worker, self.epoch)
-        # The diagram's marker, for each worker's first exchanges only (a fast worker's
-        # later ones may come before a slow one's first).
-        marked = self.marked.get(worker, 0)
-        if marked < tracer().detail_steps:
-            self.marked[worker] = marked + 1
+        if tracer().detailed_for(worker):  # the diagram's marker, of its first steps
             tracer().mark("centre exchange", worker=worker, alpha=self.alpha)
         with tracer().phase("optimizer"):
             # The same operations as the worker's local_update: the same d, bit for bit.

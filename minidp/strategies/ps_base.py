@@ -117,7 +117,6 @@ class ParameterServer(Strategy):
         self.granted, self.pulled_at = 0, 0.0
         self.version = 0  # updates this server has applied over the run
         self.samples_applied = 0  # samples behind those updates (the LR schedule's clock)
-        self.marked: dict[int, int] = {}  # gradients marked in the trace, per worker
         self.active: list[int] = []  # server: workers whose epoch goes on (set by serve)
         # The replay's record (minidp.strategies.events): a worker's steps, a server's events.
         self.events = EventLog(SERVER_COLUMNS if t.role == "server" else
@@ -251,14 +250,10 @@ class ParameterServer(Strategy):
     def mark_gradient(self, worker: int, staleness: int, applied: bool) -> None:
         """The trace's decision (the diagram's marker): a gradient taken, the rate in force.
 
-        For each worker's first ``detail_steps`` gradients only, those of its first steps
-        (a worker's gradients come in its steps' order; the server takes no steps of its
-        own), so a long run's later ones cost nothing. Counted per worker: a fast worker's
-        later gradients may come before a slow one's first.
+        For each worker's first steps only (:meth:`minidp.trace.Tracer.detailed_for`),
+        so a long run's later ones cost nothing.
         """
-        marked = self.marked.get(worker, 0)
-        if marked < tracer().detail_steps:
-            self.marked[worker] = marked + 1
+        if tracer().detailed_for(worker):
             tracer().mark("server update" if applied else "server gradient", worker=worker,
                           staleness=staleness, lr=self.optimizer.lr, version=self.version)
 
