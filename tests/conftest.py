@@ -4,7 +4,9 @@
 ``tests/test_spmd.py`` sets ``MINIDP_SPMD=1``), never in the ordinary session.
 """
 
+import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -13,6 +15,42 @@ import pytest
 # helpers shared by test directories (spmd launcher, PyTorch twins)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 collect_ignore_glob = [] if os.environ.get("MINIDP_SPMD") else ["mpi/*", "scripts/*"]
+
+
+@functools.cache
+def xdist_group_of(path: str) -> str | None:
+    """The ``xdist_group`` name that test module ``path`` (relative to the root) marks
+    itself with, or None."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               path)) as f:
+            found = re.search(r"pytest\.mark\.xdist_group\(\"([^\"]+)\"\)", f.read())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found and found.group(1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` that keeps a marked module's tests on one worker.
+
+    A module marked ``pytest.mark.xdist_group(NAME)`` shares a module-scoped fixture
+    that launches MPI jobs (trained runs, real hosts); its tests must run on one worker,
+    or each worker runs the fixture again. pytest-xdist 3.8 groups by a suffix it writes
+    into ``item._nodeid``, which pytest 9 no longer reads: the marks had no effect and
+    every such fixture ran once per worker (about 130 s of the suite's CPU). Here the
+    scheduler groups by the mark read from the module's source instead; unmarked tests
+    are scheduled one by one as before, the groups first (xdist orders the units by size).
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ByMarkedModule(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
+
+    return ByMarkedModule(config, log)
 
 
 def gpu_visible() -> bool:
