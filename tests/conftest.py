@@ -63,8 +63,15 @@ def gpu_visible() -> bool:
         return False
 
 
+# Single tests that launch long jobs (30-60 s on 2 cores): collected first, so that xdist
+# hands them out early, not last to one worker while the other has nothing left to run.
+LONG_FIRST = ("tests/test_spmd.py", "tests/test_defaults.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip, with the reason, where no GPU is visible."""
+    """The long jobs first (:data:`LONG_FIRST`); tests marked ``gpu`` skip, with the
+    reason, where no GPU is visible."""
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in LONG_FIRST)
     if any("gpu" in item.keywords for item in items) and not gpu_visible():
         skip = pytest.mark.skip(reason="no GPU: needs cupy and a CUDA device (make test-gpu)")
         for item in items:

@@ -19,11 +19,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
-from minidp.reporting.shm import ShmWatch, start_time
+from minidp.reporting.shm import ShmWatch, has_ended, start_time
 
 GRACE_S = 30.0  # after SIGTERM: a checkpoint's save on a loaded machine, then SIGKILL
 TIMED_OUT = 124  # the status of a job ended by its timeout, as timeout(1) gives it
+LINGER_S = 10.0  # at most, for killed ranks to be torn down before their files are removed
 
 
 def mpiexec() -> str:
@@ -89,9 +91,16 @@ def end_job(proc: subprocess.Popen, watch: ShmWatch, grace_s: float) -> tuple[st
         _signal_group(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         how = f"SIGTERM, then SIGKILL after {grace_s:g} s"
-    # Ranks in sessions of their own may outlive the launcher; none may stay.
-    for pid in sorted(ranks - {proc.pid}):
+    # Ranks in sessions of their own may outlive the launcher; none may stay. A killed
+    # process maps its files until the kernel has torn it down: its files are removed
+    # only once it has (remove_leftovers skips a file that a live process maps).
+    ranks.discard(proc.pid)
+    for pid in sorted(ranks):
         _kill_if_same(pid, watch.started.get(pid))
+    deadline = time.monotonic() + LINGER_S
+    while (time.monotonic() < deadline
+           and not all(has_ended(pid, watch.started.get(pid)) for pid in ranks)):
+        time.sleep(0.05)
     return output or "", how
 
 

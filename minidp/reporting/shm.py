@@ -53,6 +53,19 @@ def start_time(pid: int) -> str | None:
         return None
 
 
+def has_ended(pid: int, started: str | None) -> bool:
+    """Whether process ``pid``, started at ``started``, is gone or a zombie.
+
+    A zombie has released its memory already: it maps no file any more.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[19] != started or fields[0] in ("Z", "X")
+
+
 def in_use(pids: set[int] | None = None) -> set[str]:
     """The files under ``/dev/shm`` that the processes ``pids`` (default: all) map or hold."""
     used: set[str] = set()
