@@ -2,10 +2,14 @@
 
 Four ranks compiling one kernel at once took about 20 s each on a 2-core machine;
 loading it from Numba's on-disk cache takes well under a second. So the first use
-of any kernel takes an exclusive file lock beside the cache and compiles (or loads)
-every kernel for float32 and float64 inside it: the first rank of a node compiles
-and writes the cache, the others wait on the lock and then only load. A file lock
-needs no MPI, so kernels stay below the communication layer.
+of any kernel fills the cache one kernel module at a time, each under an exclusive file
+lock of its own beside the cache: a process compiles (for float32 and float64) every
+module whose lock it can take and that no one has filled yet, then waits for the modules
+others hold, and writes a stamp per module once it is in. The ranks of a node starting
+together so fill the cache on as many cores as they are (one module each at a time),
+instead of one rank compiling everything while the others wait: about a minute of CPU
+split across them. Each module is compiled once. A file lock needs no MPI, so kernels
+stay below the communication layer.
 
 Once every kernel is in the cache, loading them all still costs each process about half
 a second, most of it for kernels its model never calls (an MLP needs none of the
@@ -16,9 +20,9 @@ the stamp takes no lock and loads nothing up front: Numba loads each kernel from
 cache at its first call (about 15 ms). Editing a kernel file, another CPU sharing the
 directory, or another Numba makes another stamp name, and the cache is filled again.
 
-The cache and its lock live in a per-user directory: ``NUMBA_CACHE_DIR`` when set,
+The cache and its locks live in a per-user directory: ``NUMBA_CACHE_DIR`` when set,
 else ``$XDG_CACHE_HOME/minidp/numba`` (``~/.cache/minidp/numba``), so users of one
-node never share (or block on) each other's files. The lock is waited for at most
+node never share (or block on) each other's files. A lock is waited for at most
 :data:`LOCK_TIMEOUT_S`; its holder writes its process id, host and start time into
 the lock file, and a timeout names them.
 
@@ -97,8 +101,11 @@ def register_warmup(fn: Callable[[type], None]) -> Callable[[type], None]:
 
 
 @contextlib.contextmanager
-def node_lock(path: str, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Hold the exclusive file lock ``path``; past ``timeout`` s, raise naming its holder."""
+def node_lock(path: str, timeout: float | None = LOCK_TIMEOUT_S) -> Iterator[bool]:
+    """Hold the exclusive file lock ``path``; past ``timeout`` s, raise naming its holder.
+
+    ``timeout=None``: take it only if it is free now; yields whether it was taken.
+    """
     directory = os.path.dirname(path)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -107,12 +114,15 @@ def node_lock(path: str, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
         raise OSError(f"JIT cache: cannot open the lock '{path}' ({exc.strerror}); set "
                       "NUMBA_CACHE_DIR to a directory of your own") from None
     with lock:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout or 0.0)
         while True:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if timeout is None:
+                    yield False
+                    return
                 if time.monotonic() > deadline:
                     lock.seek(0)
                     holder = lock.read().strip() or "a process that wrote nothing"
@@ -126,40 +136,90 @@ def node_lock(path: str, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
             lock.write(f"pid {os.getpid()} on {socket.gethostname()} since "
                        f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
             lock.flush()
-            yield
+            yield True
         finally:
             lock.truncate(0)
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _stamp_name(parts: list[str], suffix: str) -> str:
+    """A file in the cache directory named by the digest of ``parts``."""
+    parts = [numba.__version__, sys.version, llvm.get_process_triple(),
+             llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), *parts]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+    return os.path.join(cache_dir(), f"minidp-jit-{digest}{suffix}")
+
+
+def _source(path: str) -> str:
+    """What Numba's cache index keys a kernel file by: its path, size and time."""
+    status = os.stat(path)
+    return f"{path} {status.st_size} {status.st_mtime_ns}"
+
+
+def _kernel_files() -> dict[str, list[Callable[[type], None]]]:
+    """Each kernel module's file and its warm-ups, in the order they registered."""
+    files: dict[str, list[Callable[[type], None]]] = {}
+    for warm in _warmups:
+        files.setdefault(sys.modules[warm.__module__].__file__, []).append(warm)
+    return files
+
+
 def cache_stamp() -> str:
     """The path of the stamp saying the cache holds every kernel as its source is now."""
-    parts = [numba.__version__, sys.version, llvm.get_process_triple(),
-             llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()]
-    for path in sorted({sys.modules[warm.__module__].__file__ for warm in _warmups}):
-        status = os.stat(path)
-        parts.append(f"{path} {status.st_size} {status.st_mtime_ns}")
-    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
-    return os.path.join(cache_dir(), f"minidp-jit-{digest}.complete")
+    return _stamp_name([_source(path) for path in sorted(_kernel_files())], ".complete")
+
+
+def module_stamp(path: str) -> str:
+    """The stamp saying the kernels of the module file ``path`` are in the cache."""
+    return _stamp_name([_source(path)], ".module")
+
+
+def module_lock(path: str) -> str:
+    """The lock under which the kernels of the module file ``path`` are compiled."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    return os.path.join(cache_dir(), f"minidp-jit-{name}.lock")
+
+
+def _write_stamp(path: str, what: str) -> None:
+    with open(path, "w") as f:
+        f.write(f"{what} compiled by pid {os.getpid()} on {socket.gethostname()} at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+
+
+def _fill_module(path: str, warmups: list[Callable[[type], None]]) -> None:
+    """Compile (or load) the module's kernels for both dtypes, then stamp it.
+
+    The caller holds the module's lock.
+    """
+    if not os.path.exists(module_stamp(path)):
+        for warm in warmups:
+            for dtype in (np.float32, np.float64):
+                warm(dtype)
+        _write_stamp(module_stamp(path), f"the kernels of {path}")
 
 
 def ensure_compiled() -> None:
-    """Make sure every registered kernel is in the cache, one process per node at a time.
+    """Make sure every registered kernel is in the cache, compiled once per node.
 
-    Without the stamp (:func:`cache_stamp`), the first process compiles every kernel
-    for float32 and float64 under the node's lock, then writes the stamp; the others wait
-    on the lock and find it. With the stamp, nothing is loaded until a kernel is called.
+    Without the stamp (:func:`cache_stamp`), each kernel module whose lock is free and
+    whose own stamp is missing is filled here; then the modules that other processes
+    hold are waited for (their lock, at most :data:`LOCK_TIMEOUT_S`), so that every
+    module is in before this returns; then the stamp is written. With the stamp, nothing
+    is loaded until a kernel is called.
     """
     if _state["ready"] or not jit_enabled():
         return
     stamp = cache_stamp()
     if not os.path.exists(stamp):
-        with node_lock(os.path.join(cache_dir(), "minidp-jit.lock"), LOCK_TIMEOUT_S):
-            if not os.path.exists(stamp):
-                for warm in _warmups:
-                    for dtype in (np.float32, np.float64):
-                        warm(dtype)
-                with open(stamp, "w") as f:
-                    f.write(f"every kernel compiled by pid {os.getpid()} on "
-                            f"{socket.gethostname()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        pending = {path: warmups for path, warmups in _kernel_files().items()
+                   if not os.path.exists(module_stamp(path))}
+        for path, warmups in list(pending.items()):  # the free ones, on this core
+            with node_lock(module_lock(path), timeout=None) as taken:
+                if taken:
+                    _fill_module(path, warmups)
+                    del pending[path]
+        for path, warmups in pending.items():  # those others were filling
+            with node_lock(module_lock(path), LOCK_TIMEOUT_S):
+                _fill_module(path, warmups)
+        _write_stamp(stamp, "every kernel")
     _state["ready"] = True

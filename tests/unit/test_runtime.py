@@ -136,7 +136,7 @@ def test_a_filled_kernel_cache_is_stamped_and_then_loaded_lazily(tmp_path, monke
     assert kernels.calls == [np.float32, np.float64] and os.path.exists(stamp)
     monkeypatch.setitem(jit._state, "ready", False)
     # the next one neither warms nor waits for the lock (held here by another process)
-    lock = str(cache / "minidp-jit.lock")
+    lock = jit.module_lock(str(source))
     holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, time; f = open({lock!r}, "
                                "'a+'); fcntl.flock(f, fcntl.LOCK_EX); print('held', "
                                "flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
@@ -144,7 +144,7 @@ def test_a_filled_kernel_cache_is_stamped_and_then_loaded_lazily(tmp_path, monke
         assert holder.stdout.readline().strip() == "held"
         jit.ensure_compiled()
         assert kernels.calls == [np.float32, np.float64]
-        # an edited kernel file is another stamp: the cache is filled again, under the lock
+        # an edited kernel file is another stamp: the module is filled again, under its lock
         os.utime(source, ns=(0, source.stat().st_mtime_ns + 1))
         assert jit.cache_stamp() != stamp
         monkeypatch.setitem(jit._state, "ready", False)
@@ -153,6 +153,59 @@ def test_a_filled_kernel_cache_is_stamped_and_then_loaded_lazily(tmp_path, monke
     finally:
         holder.kill()
         holder.wait()
+
+
+# Two kernel modules whose warm-ups each wait for the other's to have begun: only two
+# processes filling the cache at once can finish them.
+HANDSHAKE = """
+import os, time
+def warm(dtype):
+    with open(LOG, "a") as f:
+        f.write(f"{NAME} {dtype.__name__} {os.getpid()}\\n")
+    open(os.path.join(DIR, NAME + ".began"), "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(DIR, OTHER + ".began")):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{NAME}: {OTHER} never began (filled one after the other)")
+        time.sleep(0.02)
+"""
+
+
+def test_two_processes_fill_the_cache_at_once_each_module_once(tmp_path):
+    from minidp.kernels import jit
+
+    if not jit.jit_enabled():
+        pytest.skip("NUMBA_DISABLE_JIT=1: no kernel cache")
+    log = tmp_path / "calls.log"
+    for name, other in (("alpha", "beta"), ("beta", "alpha")):
+        (tmp_path / f"{name}.py").write_text(
+            f"LOG, DIR, NAME, OTHER = {str(log)!r}, {str(tmp_path)!r}, {name!r}, {other!r}\n"
+            + HANDSHAKE)
+    code = ("import importlib.util, sys\n"
+            "from minidp.kernels import jit\n"
+            "warmups = []\n"
+            "for name in ('alpha', 'beta'):\n"
+            f"    spec = importlib.util.spec_from_file_location(name, {str(tmp_path)!r} + "
+            "'/' + name + '.py')\n"
+            "    module = importlib.util.module_from_spec(spec)\n"
+            "    sys.modules[name] = module\n"
+            "    spec.loader.exec_module(module)\n"
+            "    warmups.append(module.warm)\n"
+            "jit._warmups[:] = warmups\n"
+            "jit.ensure_compiled()\n"
+            "print(jit.cache_stamp())\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    stamps = {out.strip() for out, _ in outputs}
+    assert len(stamps) == 1 and os.path.exists(stamps.pop())
+    calls = sorted(line.split() for line in log.read_text().splitlines())
+    assert [c[:2] for c in calls] == [["alpha", "float32"], ["alpha", "float64"],
+                                      ["beta", "float32"], ["beta", "float64"]]
+    pids = {name: {pid for n, _, pid in calls if n == name} for name in ("alpha", "beta")}
+    assert len(pids["alpha"]) == len(pids["beta"]) == 1 and pids["alpha"] != pids["beta"]
 
 
 def test_malloc_tuning_applies_unless_turned_off():
