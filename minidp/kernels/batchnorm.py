@@ -34,7 +34,12 @@ import numba
 import numpy as np
 
 from minidp.backend import array_module
-from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.jit import (
+    ensure_compiled,
+    register_parallel_warmup,
+    register_warmup,
+    use_kernels,
+)
 from minidp.kernels.threaded import spread
 
 _NONE = np.zeros((0, 0, 0))  # an absent residual: one compiled signature for both cases
@@ -248,14 +253,21 @@ def batchnorm_backward(g: Any, x: Any, out: Any, weight: Any, mean: Any, inv_std
     return (gx if want_x else None), gw, gb, (g_residual if want_residual else None)
 
 
-@register_warmup
-def _warm(dtype: type) -> None:
+def _warm_with(forward, backward, dtype: type) -> None:
     x = np.ones((2, 1, 2), dtype=dtype)
     one, stats = np.ones(1, dtype=dtype), np.ones(1)
     empty = _NONE.astype(dtype)
-    for forward, backward in ((_forward_kernel, _backward_kernel),
-                              (_forward_parallel, _backward_parallel)):
-        for residual in (empty, x):
-            forward(x, one, one, residual, True, True, 1e-5, stats, stats.copy(), x.copy())
-        for gx in (empty, x.copy()):
-            backward(x, x, x, one, stats, stats, True, True, gx, gx, stats.copy(), stats.copy())
+    for residual in (empty, x):
+        forward(x, one, one, residual, True, True, 1e-5, stats, stats.copy(), x.copy())
+    for gx in (empty, x.copy()):
+        backward(x, x, x, one, stats, stats, True, True, gx, gx, stats.copy(), stats.copy())
+
+
+@register_warmup
+def _warm(dtype: type) -> None:
+    _warm_with(_forward_kernel, _backward_kernel, dtype)
+
+
+@register_parallel_warmup
+def _warm_parallel(dtype: type) -> None:
+    _warm_with(_forward_parallel, _backward_parallel, dtype)

@@ -13,7 +13,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.jit import (
+    ensure_compiled,
+    register_parallel_warmup,
+    register_warmup,
+    use_kernels,
+)
 from minidp.kernels.threaded import spread
 
 _CHUNK = 1 << 22
@@ -74,4 +79,8 @@ def byte_checksum(data: np.ndarray, start: int = 0) -> tuple[int, int]:
 @register_warmup
 def _warm(dtype: type) -> None:
     _checksum_kernel(np.zeros(2, dtype=np.uint8), np.uint64(0))
+
+
+@register_parallel_warmup
+def _warm_parallel(dtype: type) -> None:
     _checksum_parallel(np.zeros(2, dtype=np.uint8), np.uint64(0))

@@ -29,7 +29,12 @@ import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import cuda
-from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.jit import (
+    ensure_compiled,
+    register_parallel_warmup,
+    register_warmup,
+    use_kernels,
+)
 from minidp.kernels.threaded import spread
 
 BLOCK = 1 << 14  # elements per prange iteration: 64 KB of float32 per array, within L2
@@ -265,16 +270,22 @@ def weighted_merge(x: Any, total: Any, weight: float, count: int) -> None:
     kernel(x.reshape(-1), total.reshape(-1), scalar(weight), scalar(weight + count))
 
 
+def _warm_with(relu_forward, relu_backward, update, update_into, merge, dtype: type) -> None:
+    a = np.zeros(2, dtype=dtype)
+    relu_forward(a, a.copy())
+    relu_backward(a, a, a.copy())
+    update(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False)
+    update_into(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False, a.copy())
+    merge(a, a.copy(), a.dtype.type(2), a.dtype.type(4))
+
+
 @register_warmup
 def _warm(dtype: type) -> None:
-    a = np.zeros(2, dtype=dtype)
-    for relu_forward_kernel, relu_backward_kernel, update, update_into, merge in (
-            (_relu_forward_kernel, _relu_backward_kernel, _sgd_update_kernel,
-             _sgd_update_into_kernel, _weighted_merge_kernel),
-            (_relu_forward_parallel, _relu_backward_parallel, _sgd_update_parallel,
-             _sgd_update_into_parallel, _weighted_merge_parallel)):
-        relu_forward_kernel(a, a.copy())
-        relu_backward_kernel(a, a, a.copy())
-        update(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False)
-        update_into(a, a.copy(), a.copy(), 0.1, 0.9, 0.0, False, a.copy())
-        merge(a, a.copy(), a.dtype.type(2), a.dtype.type(4))
+    _warm_with(_relu_forward_kernel, _relu_backward_kernel, _sgd_update_kernel,
+               _sgd_update_into_kernel, _weighted_merge_kernel, dtype)
+
+
+@register_parallel_warmup
+def _warm_parallel(dtype: type) -> None:
+    _warm_with(_relu_forward_parallel, _relu_backward_parallel, _sgd_update_parallel,
+               _sgd_update_into_parallel, _weighted_merge_parallel, dtype)

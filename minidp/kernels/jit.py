@@ -9,7 +9,9 @@ others hold, and writes a stamp per module once it is in. The ranks of a node st
 together so fill the cache on as many cores as they are (one module each at a time),
 instead of one rank compiling everything while the others wait: about a minute of CPU
 split across them. Each module is compiled once. A file lock needs no MPI, so kernels
-stay below the communication layer.
+stay below the communication layer. The ``prange`` kernels are a second tier, filled the
+same way but only when a process first runs one (more than one thread): most of the
+compilation time is theirs, and a run of one thread per rank never calls them.
 
 Once every kernel is in the cache, loading them all still costs each process about half
 a second, most of it for kernels its model never calls (an MLP needs none of the
@@ -51,7 +53,8 @@ import numpy as np
 LOCK_TIMEOUT_S = 1200.0
 
 _warmups: list[Callable[[type], None]] = []
-_state = {"ready": False, "references_only": False}
+_parallel_warmups: list[Callable[[type], None]] = []
+_state = {"ready": False, "parallel_ready": False, "references_only": False}
 
 
 def cache_dir() -> str:
@@ -97,6 +100,16 @@ def references_only() -> Iterator[None]:
 def register_warmup(fn: Callable[[type], None]) -> Callable[[type], None]:
     """Register a function that calls a module's kernels on tiny inputs of one dtype."""
     _warmups.append(fn)
+    return fn
+
+
+def register_parallel_warmup(fn: Callable[[type], None]) -> Callable[[type], None]:
+    """Register a warm-up of a module's ``prange`` kernels.
+
+    They are compiled only once a process runs one (:func:`ensure_compiled` with
+    ``parallel=True``, from ``threaded.spread``).
+    """
+    _parallel_warmups.append(fn)
     return fn
 
 
@@ -156,28 +169,37 @@ def _source(path: str) -> str:
     return f"{path} {status.st_size} {status.st_mtime_ns}"
 
 
-def _kernel_files() -> dict[str, list[Callable[[type], None]]]:
-    """Each kernel module's file and its warm-ups, in the order they registered."""
+def _kernel_files(parallel: bool = False) -> dict[str, list[Callable[[type], None]]]:
+    """Each kernel module's file and its warm-ups of one tier, in registration order."""
     files: dict[str, list[Callable[[type], None]]] = {}
-    for warm in _warmups:
+    for warm in _parallel_warmups if parallel else _warmups:
         files.setdefault(sys.modules[warm.__module__].__file__, []).append(warm)
     return files
 
 
-def cache_stamp() -> str:
-    """The path of the stamp saying the cache holds every kernel as its source is now."""
-    return _stamp_name([_source(path) for path in sorted(_kernel_files())], ".complete")
+def _tier(parallel: bool) -> str:
+    return "-parallel" if parallel else ""
 
 
-def module_stamp(path: str) -> str:
-    """The stamp saying the kernels of the module file ``path`` are in the cache."""
-    return _stamp_name([_source(path)], ".module")
+def cache_stamp(parallel: bool = False) -> str:
+    """The path of the stamp saying the cache holds every kernel of a tier.
+
+    The tier: the serial kernels, or with ``parallel`` the ``prange`` ones, as their
+    source is now.
+    """
+    return _stamp_name([_source(path) for path in sorted(_kernel_files(parallel))],
+                       f"{_tier(parallel)}.complete")
 
 
-def module_lock(path: str) -> str:
-    """The lock under which the kernels of the module file ``path`` are compiled."""
+def module_stamp(path: str, parallel: bool = False) -> str:
+    """The stamp saying the tier's kernels of the module file ``path`` are in the cache."""
+    return _stamp_name([_source(path)], f"{_tier(parallel)}.module")
+
+
+def module_lock(path: str, parallel: bool = False) -> str:
+    """The lock under which the tier's kernels of the module file ``path`` are compiled."""
     name = os.path.splitext(os.path.basename(path))[0]
-    return os.path.join(cache_dir(), f"minidp-jit-{name}.lock")
+    return os.path.join(cache_dir(), f"minidp-jit-{name}{_tier(parallel)}.lock")
 
 
 def _write_stamp(path: str, what: str) -> None:
@@ -186,40 +208,44 @@ def _write_stamp(path: str, what: str) -> None:
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
 
 
-def _fill_module(path: str, warmups: list[Callable[[type], None]]) -> None:
-    """Compile (or load) the module's kernels for both dtypes, then stamp it.
+def _fill_module(path: str, warmups: list[Callable[[type], None]], parallel: bool) -> None:
+    """Compile (or load) the module's kernels of the tier for both dtypes, then stamp it.
 
-    The caller holds the module's lock.
+    The caller holds the module's lock of the tier.
     """
-    if not os.path.exists(module_stamp(path)):
+    if not os.path.exists(module_stamp(path, parallel)):
         for warm in warmups:
             for dtype in (np.float32, np.float64):
                 warm(dtype)
-        _write_stamp(module_stamp(path), f"the kernels of {path}")
+        _write_stamp(module_stamp(path, parallel), f"the kernels of {path}")
 
 
-def ensure_compiled() -> None:
-    """Make sure every registered kernel is in the cache, compiled once per node.
+def ensure_compiled(parallel: bool = False) -> None:
+    """Make sure every registered kernel of a tier is in the cache, compiled once per node.
 
-    Without the stamp (:func:`cache_stamp`), each kernel module whose lock is free and
-    whose own stamp is missing is filled here; then the modules that other processes
+    Two tiers: the serial kernels, which every kernel call needs, and with ``parallel``
+    the ``prange`` ones, which only a process running more than one thread calls (their
+    compilation is about 60% of the whole: a run of one thread per rank never pays it).
+    Without the tier's stamp (:func:`cache_stamp`), each kernel module whose lock is free
+    and whose own stamp is missing is filled here; then the modules that other processes
     hold are waited for (their lock, at most :data:`LOCK_TIMEOUT_S`), so that every
     module is in before this returns; then the stamp is written. With the stamp, nothing
     is loaded until a kernel is called.
     """
-    if _state["ready"] or not jit_enabled():
+    flag = "parallel_ready" if parallel else "ready"
+    if _state[flag] or not jit_enabled():
         return
-    stamp = cache_stamp()
+    stamp = cache_stamp(parallel)
     if not os.path.exists(stamp):
-        pending = {path: warmups for path, warmups in _kernel_files().items()
-                   if not os.path.exists(module_stamp(path))}
+        pending = {path: warmups for path, warmups in _kernel_files(parallel).items()
+                   if not os.path.exists(module_stamp(path, parallel))}
         for path, warmups in list(pending.items()):  # the free ones, on this core
-            with node_lock(module_lock(path), timeout=None) as taken:
+            with node_lock(module_lock(path, parallel), timeout=None) as taken:
                 if taken:
-                    _fill_module(path, warmups)
+                    _fill_module(path, warmups, parallel)
                     del pending[path]
         for path, warmups in pending.items():  # those others were filling
-            with node_lock(module_lock(path), LOCK_TIMEOUT_S):
-                _fill_module(path, warmups)
-        _write_stamp(stamp, "every kernel")
-    _state["ready"] = True
+            with node_lock(module_lock(path, parallel), LOCK_TIMEOUT_S):
+                _fill_module(path, warmups, parallel)
+        _write_stamp(stamp, "every kernel" + (" of prange" if parallel else ""))
+    _state[flag] = True

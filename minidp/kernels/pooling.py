@@ -21,7 +21,12 @@ import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import cuda
-from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.jit import (
+    ensure_compiled,
+    register_parallel_warmup,
+    register_warmup,
+    use_kernels,
+)
 from minidp.kernels.threaded import spread
 from minidp.kernels.unfold import output_size
 
@@ -301,20 +306,27 @@ def avgpool_backward(grad: Any, x_shape: tuple, k: int, stride: int) -> Any:
     return dx
 
 
-@register_warmup
-def _warm(dtype: type) -> None:
+def _warm_with(max_forward, max_backward, max_tiles, avg_forward, avg_backward,
+               dtype: type) -> None:
     x = np.zeros((1, 1, 2, 2), dtype=dtype)
     out = np.empty((1, 1, 1, 1), dtype=dtype)
     argmax = np.zeros((1, 1, 1, 1), dtype=np.int64)
-    for kernels in ((_maxpool_forward_kernel, _maxpool_backward_kernel,
-                     _maxpool_backward_tiles_kernel, _avgpool_forward_kernel,
-                     _avgpool_backward_kernel),
-                    (_maxpool_forward_parallel, _maxpool_backward_parallel,
-                     _maxpool_backward_tiles_parallel, _avgpool_forward_parallel,
-                     _avgpool_backward_parallel)):
-        max_forward, max_backward, max_tiles, avg_forward, avg_backward = kernels
-        max_forward(x, 2, 2, out, argmax)
-        max_backward(out, argmax, 2, x)
-        max_tiles(out, argmax, 2, x)
-        avg_forward(x, 2, 2, out)
-        avg_backward(out, 2, 2, x)
+    max_forward(x, 2, 2, out, argmax)
+    max_backward(out, argmax, 2, x)
+    max_tiles(out, argmax, 2, x)
+    avg_forward(x, 2, 2, out)
+    avg_backward(out, 2, 2, x)
+
+
+@register_warmup
+def _warm(dtype: type) -> None:
+    _warm_with(_maxpool_forward_kernel, _maxpool_backward_kernel,
+               _maxpool_backward_tiles_kernel, _avgpool_forward_kernel,
+               _avgpool_backward_kernel, dtype)
+
+
+@register_parallel_warmup
+def _warm_parallel(dtype: type) -> None:
+    _warm_with(_maxpool_forward_parallel, _maxpool_backward_parallel,
+               _maxpool_backward_tiles_parallel, _avgpool_forward_parallel,
+               _avgpool_backward_parallel, dtype)

@@ -23,7 +23,12 @@ from typing import Any
 import numba
 import numpy as np
 
-from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.jit import (
+    ensure_compiled,
+    register_parallel_warmup,
+    register_warmup,
+    use_kernels,
+)
 from minidp.kernels.threaded import spread
 
 BLOCK = 1 << 15  # columns per block: 128 KB of float32 per row
@@ -93,9 +98,17 @@ def node_sum(whole: Any, lo: int, hi: int, divisor: int = 1, broadcast: bool = F
     kernel(whole, lo, hi, whole.dtype.type(divisor), bool(broadcast))
 
 
-@register_warmup
-def _warm(dtype: type) -> None:
+def _warm_with(kernel, dtype: type) -> None:
     # a window's rows are a view of wider rows, unless the segments need no padding
     for whole in (np.zeros((2, 4), dtype=dtype)[:, :3], np.zeros((2, 3), dtype=dtype)):
-        for kernel in (_node_sum_kernel, _node_sum_parallel):
-            kernel(whole, 0, 3, dtype(2), True)
+        kernel(whole, 0, 3, dtype(2), True)
+
+
+@register_warmup
+def _warm(dtype: type) -> None:
+    _warm_with(_node_sum_kernel, dtype)
+
+
+@register_parallel_warmup
+def _warm_parallel(dtype: type) -> None:
+    _warm_with(_node_sum_parallel, dtype)

@@ -75,8 +75,11 @@ def spread(elements: int) -> bool:
     Never inside a :class:`Plan`'s region: there each thread is one of the T already
     (and Numba's workqueue layer aborts on parallel launches from two threads at once).
     """
-    return (elements >= SPREAD_MIN_ELEMENTS and threads_in_force() > 1
-            and not getattr(_region, "inside", False))
+    if (elements < SPREAD_MIN_ELEMENTS or threads_in_force() == 1
+            or getattr(_region, "inside", False)):
+        return False
+    ensure_compiled(parallel=True)  # the prange kernels, once per node, at the first use
+    return True
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:

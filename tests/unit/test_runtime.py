@@ -155,6 +155,37 @@ def test_a_filled_kernel_cache_is_stamped_and_then_loaded_lazily(tmp_path, monke
         holder.wait()
 
 
+def test_the_prange_kernels_are_compiled_only_once_a_process_runs_more_than_one_thread(
+        tmp_path, monkeypatch):
+    from minidp.kernels import jit, threaded
+
+    if not jit.jit_enabled():
+        pytest.skip("NUMBA_DISABLE_JIT=1: no kernel cache")
+    source = tmp_path / "tiered_kernels.py"
+    source.write_text("calls = []\n\ndef warm(dtype):\n    calls.append(('serial', dtype))\n\n"
+                      "def warm_parallel(dtype):\n    calls.append(('prange', dtype))\n")
+    spec = importlib.util.spec_from_file_location("tiered_kernels", source)
+    kernels = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "tiered_kernels", kernels)
+    spec.loader.exec_module(kernels)
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(jit, "_warmups", [kernels.warm])
+    monkeypatch.setattr(jit, "_parallel_warmups", [kernels.warm_parallel])
+    monkeypatch.setitem(jit._state, "ready", False)
+    monkeypatch.setitem(jit._state, "parallel_ready", False)
+    jit.ensure_compiled()
+    monkeypatch.setattr(threaded, "threads_in_force", lambda: 1)
+    assert not threaded.spread(1 << 24)  # one thread: the serial kernels only
+    assert kernels.calls == [("serial", np.float32), ("serial", np.float64)]
+    assert os.path.exists(jit.cache_stamp()) and not os.path.exists(jit.cache_stamp(True))
+    monkeypatch.setattr(threaded, "threads_in_force", lambda: 2)
+    assert not threaded.spread(threaded.SPREAD_MIN_ELEMENTS - 1)  # too small to split
+    assert len(kernels.calls) == 2
+    assert threaded.spread(1 << 24) and threaded.spread(1 << 24)  # compiled at the first
+    assert kernels.calls[2:] == [("prange", np.float32), ("prange", np.float64)]
+    assert os.path.exists(jit.cache_stamp(True))
+
+
 # Two kernel modules whose warm-ups each wait for the other's to have begun: only two
 # processes filling the cache at once can finish them.
 HANDSHAKE = """
