@@ -23,16 +23,25 @@ import threading
 SHM = "/dev/shm/"
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (field 3 on; [] if gone).
+
+    The name is cut at its last ")": it may hold spaces and parentheses itself.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []  # gone meanwhile, or not ours to read
+
+
 def descendants(root: int) -> set[int]:
     """``root`` and every process below it (by the parent ids in ``/proc``)."""
     children: dict[int, list[int]] = {}
     for pid in filter(str.isdigit, _listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile, or not ours to read
-        children.setdefault(parent, []).append(int(pid))
+        fields = _stat(pid)
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(pid))
     found, todo = set(), [root]
     while todo:
         pid = todo.pop()
@@ -46,11 +55,8 @@ def start_time(pid: int) -> str | None:
 
     With the id, it names one process: an id is reused only by a process started later.
     """
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else None
 
 
 def has_ended(pid: int, started: str | None) -> bool:
@@ -58,12 +64,8 @@ def has_ended(pid: int, started: str | None) -> bool:
 
     A zombie has released its memory already: it maps no file any more.
     """
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return True
-    return fields[19] != started or fields[0] in ("Z", "X")
+    fields = _stat(pid)
+    return len(fields) <= 19 or fields[19] != started or fields[0] in ("Z", "X")
 
 
 def in_use(pids: set[int] | None = None) -> set[str]:
