@@ -36,19 +36,25 @@ BLOCK = 1 << 15  # columns per block: 128 KB of float32 per row
 
 @numba.njit(cache=True, nogil=True)
 def _sum_block(whole, lo, hi, divisor, broadcast):  # pragma: no cover - compiled
-    """Columns [lo, hi): the sum into row 0, the division, the copies."""
-    acc = whole[0]
+    """Columns [lo, hi): the sum into row 0, the division, the copies.
+
+    Each loop runs over a view of the block's columns from 0, not over [lo, hi) of the
+    whole row: an index from ``lo`` is not provably non-negative, so Numba's
+    negative-index wrap would stay in the loop and keep it from being vectorised
+    (the serial sum of two 1M-column rows took 3 times as long, measured).
+    """
+    acc = whole[0, lo:hi]
     for r in range(1, whole.shape[0]):
-        row = whole[r]
-        for i in range(lo, hi):
+        row = whole[r, lo:hi]
+        for i in range(acc.size):
             acc[i] += row[i]
     if divisor != 1:
-        for i in range(lo, hi):
+        for i in range(acc.size):
             acc[i] /= divisor
     if broadcast:
         for r in range(1, whole.shape[0]):
-            row = whole[r]
-            for i in range(lo, hi):
+            row = whole[r, lo:hi]
+            for i in range(acc.size):
                 row[i] = acc[i]
 
 

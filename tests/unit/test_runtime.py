@@ -79,6 +79,16 @@ def test_an_explicit_thread_setting_is_honoured_and_reported():
     assert info["threads"]["chosen_by"] == "OMP_NUM_THREADS=1"
 
 
+def test_openblas_idle_threads_spin_briefly_unless_the_user_says_otherwise():
+    # Exported as the thread counts are, before NumPy loads OpenBLAS (which reads it
+    # once); a user's value is kept.
+    code = "import minidp, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True).stdout.strip() == "14"
+    assert run(code, OPENBLAS_THREAD_TIMEOUT="20") == "20"
+
+
 def test_a_bad_thread_variable_never_breaks_import_and_is_a_user_error_in_train():
     assert run("import minidp; print(minidp.threads.threads_per_rank())",
                MINIDP_NUM_THREADS="many", MPI_LOCALNRANKS="1") == \
