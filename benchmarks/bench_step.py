@@ -15,6 +15,12 @@ the repeats of those medians, and every ratio as the median (and [min, max]) of 
 repeats' ratios, each ratio between two steps of the same repeat: minidp / PyTorch at
 each thread count, and each framework's speed-up over its own one-thread step.
 
+PyTorch runs in a process of its own (``--torch-worker``, driven through a pipe; each
+step's time is taken inside it), which imports neither minidp nor anything minidp set:
+as a PyTorch user runs it. In one process the two would share one OpenMP runtime (the
+first loaded serves both), and minidp's setting of how its idle threads wait
+(:data:`minidp.threads.IDLE_WAIT`) would be PyTorch's too.
+
 The GEMM-bound limit: each model's FLOPs per step (2 per multiply-add of its
 convolutions and linear layers, forward and both backward products, none for the input
 gradient of the first layer; the Winograd layers counted as direct convolutions) over
@@ -56,44 +62,12 @@ def thread_counts(argv: list[str]) -> list[int]:
     return counts
 
 
-# Numba sizes its thread pool when it is imported, from the count minidp chooses: the
-# largest count measured must be chosen before minidp (and common.py) is imported.
-THREADS = thread_counts(sys.argv[1:])
-os.environ["MINIDP_NUM_THREADS"] = str(max(THREADS))
-
-import common  # noqa: E402
-import numpy as np  # noqa: E402
-
-from minidp import Tensor, backend, layers, no_grad, threads  # noqa: E402
-from minidp import functional as F  # noqa: E402
-from minidp.autograd import ops  # noqa: E402
-from minidp.kernels import ensure_compiled  # noqa: E402
-from minidp.optim import SGD  # noqa: E402
-
-CASES = [("mlp", 128, (1, 28, 28)), ("lenet5", 64, (1, 28, 28)),
-         ("cifar_cnn", 64, (3, 32, 32)), ("resnet20", 64, (3, 32, 32))]
-GPU_CASES = [("lenet5", 256, (1, 28, 28)), ("cifar_cnn", 128, (3, 32, 32))]
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
 
 
-def minidp_step(name, batch, shape, device="cpu"):
-    xp = backend.device_module(device)
-    model = layers.MODELS[name]().to(device)
-    opt = SGD(model.parameters(), lr=0.01, momentum=0.9)
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((batch, *shape)).astype(np.float32), rng.integers(0, 10, batch)
-    x, y = backend.to_module(x, xp), backend.to_module(y, xp)
-
-    def step():
-        opt.zero_grad()
-        F.cross_entropy(model(Tensor(x)), y).backward()
-        opt.step()
-        if device == "cuda":
-            xp.cuda.get_current_stream().synchronize()
-    return step
-
-
 def torch_step(torch, name, batch, shape, device="cpu"):
+    import numpy as np
+
     sys.path.insert(0, TESTS)
     import torch_models
 
@@ -112,12 +86,123 @@ def torch_step(torch, name, batch, shape, device="cpu"):
     return step
 
 
+def torch_worker():
+    """``--torch-worker``: PyTorch's steps, one command a line on stdin, one answer each.
+
+    ``import``: 1 if PyTorch imports, else 0. ``build NAME BATCH C H W DEVICE``: the
+    step's number. ``threads T``: ``torch.set_num_threads(T)``. ``step K``: step K's
+    time in seconds, taken here (not the pipe's).
+    """
+    torch, steps = None, []
+    for line in sys.stdin:
+        command, *words = line.split()
+        if command == "import":
+            try:
+                import torch
+                answer = 1
+            except ImportError:
+                answer = 0
+        elif command == "build":
+            shape = tuple(map(int, words[2:5]))
+            steps.append(torch_step(torch, words[0], int(words[1]), shape, words[5]))
+            answer = len(steps) - 1
+        elif command == "threads":
+            torch.set_num_threads(int(words[0]))
+            answer = "ok"
+        else:
+            step = steps[int(words[0])]
+            start = time.perf_counter()
+            step()
+            answer = time.perf_counter() - start
+        print(answer, flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--torch-worker"]:
+    torch_worker()
+    sys.exit(0)
+
+# Numba sizes its thread pool when it is imported, from the count minidp chooses: the
+# largest count measured must be chosen before minidp (and common.py) is imported.
+THREADS = thread_counts(sys.argv[1:])
+os.environ["MINIDP_NUM_THREADS"] = str(max(THREADS))
+
+import common  # noqa: E402
+import numpy as np  # noqa: E402
+
+from minidp import Tensor, backend, layers, no_grad, threads  # noqa: E402
+from minidp import functional as F  # noqa: E402
+from minidp.autograd import ops  # noqa: E402
+from minidp.kernels import ensure_compiled  # noqa: E402
+from minidp.optim import SGD  # noqa: E402
+
+CASES = [("mlp", 128, (1, 28, 28)), ("lenet5", 64, (1, 28, 28)),
+         ("cifar_cnn", 64, (3, 32, 32)), ("resnet20", 64, (3, 32, 32))]
+GPU_CASES = [("lenet5", 256, (1, 28, 28)), ("cifar_cnn", 128, (3, 32, 32))]
+def minidp_step(name, batch, shape, device="cpu"):
+    xp = backend.device_module(device)
+    model = layers.MODELS[name]().to(device)
+    opt = SGD(model.parameters(), lr=0.01, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((batch, *shape)).astype(np.float32), rng.integers(0, 10, batch)
+    x, y = backend.to_module(x, xp), backend.to_module(y, xp)
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(Tensor(x)), y).backward()
+        opt.step()
+        if device == "cuda":
+            xp.cuda.get_current_stream().synchronize()
+    return step
+
+
+class TorchProcess:
+    """The client of :func:`torch_worker`: PyTorch's steps in a process of its own.
+
+    Started with the environment minidp found (the thread variables minidp filled in,
+    listed in ``MINIDP_THREAD_DEFAULTS``, left out), so PyTorch chooses as it would alone.
+    """
+
+    def __init__(self):
+        filled = set(os.environ.get(threads.DEFAULTS_VARIABLE, "").split(","))
+        env = {k: v for k, v in os.environ.items()
+               if f"{k}={v}" not in filled and k != threads.DEFAULTS_VARIABLE}
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                                      "--torch-worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        self.available = self.ask("import") == "1"
+
+    def ask(self, *words):
+        """Send one command, return the worker's answer (a line)."""
+        self.proc.stdin.write(" ".join(map(str, words)) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            sys.exit(f"error: the PyTorch worker ended (exit status {self.proc.wait()}) "
+                     f"on {' '.join(map(str, words))!r}")
+        return answer.strip()
+
+    def step(self, name, batch, shape, device):
+        """A callable that runs one step there and returns its time in seconds."""
+        number = self.ask("build", name, batch, *shape, device)
+        return lambda: float(self.ask("step", number))
+
+    def set_threads(self, count):
+        """PyTorch's thread count there."""
+        self.ask("threads", count)
+
+    def close(self):
+        """End the worker (end of its input)."""
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
 def interleaved_medians(steps, repeats=3, warmup=3, min_steps=15, min_seconds=4.0,
                         prepare=None):
     """Per repeat, each step's median time, the steps run in turn (warm-up runs first).
 
     ``prepare``: one callable per step (or None), called untimed before each of its steps
-    (the thread count of the pair it measures).
+    (the thread count of the pair it measures). A step that returns a number is timed
+    by it (PyTorch's, measured in its own process).
     """
     prepare = prepare or [None] * len(steps)
 
@@ -125,8 +210,8 @@ def interleaved_medians(steps, repeats=3, warmup=3, min_steps=15, min_seconds=4.
         if prepare[i] is not None:
             prepare[i]()
         t0 = time.perf_counter()
-        steps[i]()
-        return time.perf_counter() - t0
+        own = steps[i]()  # a step in another process returns the time it took there
+        return own if own is not None else time.perf_counter() - t0
 
     for i in range(len(steps)):
         for _ in range(warmup):
@@ -245,9 +330,9 @@ def main():
         device, args.no_memory = "cuda", True
     cases = GPU_CASES if device == "cuda" else CASES
     chosen = args.models or [name for name, *_ in cases]
-    try:
-        import torch
-    except ImportError:
+    torch = TorchProcess()
+    if not torch.available:
+        torch.close()
         torch = None
         print("torch is not installed (make torch): minidp alone")
     ensure_compiled()  # the measured processes then load the kernels, never compile them
@@ -263,8 +348,8 @@ def main():
             prepare.append(lambda t=t: threads.limit_threads(t))
             keys.append(("minidp", t))
             if torch is not None:
-                steps.append(torch_step(torch, name, batch, shape, device))
-                prepare.append(lambda t=t: torch.set_num_threads(t))
+                steps.append(torch.step(name, batch, shape, device))
+                prepare.append(lambda t=t: torch.set_threads(t))
                 keys.append(("torch", t))
         medians = interleaved_medians(steps, args.repeats, prepare=prepare)
         time_of = {k: [m[i] for m in medians] for i, k in enumerate(keys)}
@@ -329,6 +414,8 @@ def main():
         common.print_table(["model", f"minidp {many}t speed-up", ">= 1.6x",
                             f"minidp/pytorch {many}t", "<= 1.0x", f"minidp/pytorch {one}t",
                             "<= 1.0x"], target_rows)
+    if torch is not None:
+        torch.close()
 
 
 if __name__ == "__main__":

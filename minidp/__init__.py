@@ -1,7 +1,8 @@
 """minidp: data-parallel deep learning in plain Python on NumPy/CuPy, with MPI.
 
 Thread limits are exported before NumPy is first imported (see :mod:`minidp.threads`),
-so BLAS starts with one thread per rank when several ranks share a node, and
+so BLAS starts with one thread per rank when several ranks share a node, and its idle
+threads (and OpenMP's) sleep instead of spinning on a core another pool needs, and
 glibc's malloc is told to keep large temporaries in the heap (:mod:`minidp.allocator`).
 
 Modules that moved keep their old import paths (``minidp.train``, ``minidp.config``,
@@ -24,7 +25,8 @@ from minidp import allocator as _allocator  # noqa: E402
 from minidp import threads as _threads  # noqa: E402
 
 _threads.set_thread_environment()
-_threads.limit_threads()
+with _threads.idle_wait_settings():  # NumPy loads OpenBLAS here, Numba its OpenMP
+    _threads.limit_threads()
 _allocator.tune_malloc()
 
 from minidp import functional  # noqa: E402

@@ -120,22 +120,40 @@ def check() -> None:
                              "unset it")
 
 
-# How long an idle OpenBLAS thread spins before it sleeps: 2**14 cycles (about 7 us at
-# 2.5 GHz) instead of OpenBLAS's 2**28 (about 0.1 s). A rank's second thread runs
-# OpenBLAS's worker in a GEMM and Numba's in a parallel kernel: the spinning BLAS worker
-# held that core for the next kernel, so a 0.1 ms parallel SGD step after a GEMM took 3.7
-# ms, and an MLP's step at 2 threads 2.7 times its 1-thread step (measured; with 2**14,
-# 1.0 times). Waking a sleeping worker for the next GEMM costs tens of microseconds.
-OPENBLAS_SPIN = ("OPENBLAS_THREAD_TIMEOUT", "14")
+# How the runtimes' idle threads wait, read once by each library as it loads. A rank's
+# second core is shared by three pools: OpenBLAS's worker in a GEMM, Numba's (OpenMP's)
+# in a parallel kernel, minidp's own in a convolution's region. Each of the two
+# libraries' workers spins after its work by default, OpenBLAS's for 2**28 cycles (0.1 s)
+# and OpenMP's for about a millisecond, and held that core when the next pool's thread
+# needed it: a parallel SGD step of 0.1 ms took 3.7 ms after a GEMM, and the MLP's and
+# LeNet-5's steps at 2 threads took 2.8 and 2.1 times their 1-thread steps. Spinning
+# 2**14 cycles (7 us) and sleeping at once, they took 0.72 and 0.69 times (measured on
+# 2 cores; waking a sleeping worker costs tens of microseconds instead).
+IDLE_WAIT = {"OPENBLAS_THREAD_TIMEOUT": "14", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@contextlib.contextmanager
+def idle_wait_settings() -> Iterator[None]:
+    """:data:`IDLE_WAIT`'s values while the libraries load, where the user set none.
+
+    Only while: they are this process's tuning, and a child process (a PyTorch job that
+    ``benchmarks/bench_layouts.py`` launches) gets the user's environment, not minidp's.
+    """
+    filled = [name for name in IDLE_WAIT if name not in os.environ]
+    os.environ.update({name: IDLE_WAIT[name] for name in filled})
+    try:
+        yield
+    finally:
+        for name in filled:
+            del os.environ[name]
 
 
 def set_thread_environment() -> int:
     """Export thread counts for libraries not yet loaded; returns the count chosen.
 
-    Called before NumPy is imported, so OpenBLAS/MKL start with the right pool size,
-    and OpenBLAS's idle threads with a short spin (:data:`OPENBLAS_SPIN`). Explicit
-    user settings of the library-specific variables are respected; the counts filled
-    in are listed in ``MINIDP_THREAD_DEFAULTS`` (see the module docstring).
+    Called before NumPy is imported, so OpenBLAS/MKL start with the right pool size.
+    Explicit user settings of the library-specific variables are respected; the ones
+    filled in are listed in ``MINIDP_THREAD_DEFAULTS`` (see the module docstring).
     """
     n = threads_per_rank()
     filled = []
@@ -145,7 +163,6 @@ def set_thread_environment() -> int:
             os.environ[name] = str(n)  # unset, a parent's default, or unusable: ours
             filled.append(f"{name}={n}")
     os.environ[DEFAULTS_VARIABLE] = ",".join(filled)
-    os.environ.setdefault(*OPENBLAS_SPIN)
     return n
 
 

@@ -35,9 +35,10 @@ ENVIRONMENT = {
     "OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, NUMBA_NUM_THREADS": "set by minidp to the "
     "threads per rank unless you set them; the ones it filled in are listed in "
     "`MINIDP_THREAD_DEFAULTS`",
-    "OPENBLAS_THREAD_TIMEOUT": "set by minidp to 14 unless you set it: an idle OpenBLAS "
-    "thread spins 2^14 cycles, not 2^28, before it sleeps, so it does not hold the core "
-    "that the next parallel kernel of the rank needs",
+    "OPENBLAS_THREAD_TIMEOUT, OMP_WAIT_POLICY": "unless you set them, minidp sets them "
+    "to 14 and PASSIVE while OpenBLAS and Numba's OpenMP load (not for child processes): "
+    "their idle threads sleep at once instead of spinning on the core that the rank's next "
+    "parallel kernel needs",
     "MINIDP_THREAD_DEFAULTS": "written by minidp, not by you: the thread variables it filled "
     "in, so that a child process can tell them from yours",
     "MINIDP_BACKEND": "`numpy` (default) or `cupy`: the array backend (`cupy` trains on the "

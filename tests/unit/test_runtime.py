@@ -79,14 +79,30 @@ def test_an_explicit_thread_setting_is_honoured_and_reported():
     assert info["threads"]["chosen_by"] == "OMP_NUM_THREADS=1"
 
 
-def test_openblas_idle_threads_spin_briefly_unless_the_user_says_otherwise():
-    # Exported as the thread counts are, before NumPy loads OpenBLAS (which reads it
-    # once); a user's value is kept.
-    code = "import minidp, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, check=True).stdout.strip() == "14"
-    assert run(code, OPENBLAS_THREAD_TIMEOUT="20") == "20"
+def test_the_runtimes_idle_threads_sleep_unless_the_user_says_otherwise():
+    # OpenBLAS reads its variable as NumPy loads it, OpenMP (Numba's layer) as it loads;
+    # both load inside `import minidp`, and a child process gets the user's environment.
+    code = ("import os, sys\n"
+            "class Spy:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'numpy':\n"
+            "            print('numpy', os.environ.get('OPENBLAS_THREAD_TIMEOUT'))\n"
+            "sys.meta_path.insert(0, Spy())\n"
+            "import minidp\n"
+            "print('after', os.environ.get('OPENBLAS_THREAD_TIMEOUT'), "
+            "os.environ.get('OMP_WAIT_POLICY'))\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_THREAD_TIMEOUT", "OMP_WAIT_POLICY")}
+    env["OMP_DISPLAY_ENV"] = "TRUE"  # libgomp prints the settings it read as it loads
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True)
+    assert proc.stdout.split("\n")[:2] == ["numpy 14", "after None None"]
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in proc.stderr
+    env.update(OPENBLAS_THREAD_TIMEOUT="20", OMP_WAIT_POLICY="ACTIVE")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True)
+    assert proc.stdout.split("\n")[:2] == ["numpy 20", "after 20 ACTIVE"]
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in proc.stderr
 
 
 def test_a_bad_thread_variable_never_breaks_import_and_is_a_user_error_in_train():
