@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_step.py [MODEL ...]     (make torch first)
     .venv/bin/python benchmarks/bench_step.py --threads 1,2 --no-memory
     .venv/bin/python benchmarks/bench_step.py --repeats 5 --no-memory mlp
+    .venv/bin/python benchmarks/bench_step.py --threads 1,2 --no-memory --no-torch
     python benchmarks/bench_step.py --backend cupy [MODEL ...]   (a GPU; PyTorch CUDA)
 
 float32, measured in the same run: mlp at batch 128, lenet5, cifar_cnn and resnet20 at
@@ -323,6 +324,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (3)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory")
     parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="minidp alone, no PyTorch process beside it")
     args = parser.parse_args()
     device = "cpu"
     if args.backend == "cupy":
@@ -330,8 +333,8 @@ def main():
         device, args.no_memory = "cuda", True
     cases = GPU_CASES if device == "cuda" else CASES
     chosen = args.models or [name for name, *_ in cases]
-    torch = TorchProcess()
-    if not torch.available:
+    torch = None if args.no_torch else TorchProcess()
+    if torch is not None and not torch.available:
         torch.close()
         torch = None
         print("torch is not installed (make torch): minidp alone")
