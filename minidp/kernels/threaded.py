@@ -54,9 +54,11 @@ from minidp.threads import blas_single_threaded, threads_in_force
 # Python and BLAS-call overhead more often, a whole batch goes out to memory).
 CHUNK_BYTES = 1 << 21
 
-# Under this many elements a kernel stays on one thread: a parallel launch costs about
-# 5-20 us, and 64K float32 elements take about that long to stream through one core.
-SPREAD_MIN_ELEMENTS = 1 << 16
+# Under this many elements a kernel stays on one thread: a parallel launch costs 10-20 us
+# once the other threads sleep (minidp.threads.IDLE_WAIT), about what 64K-128K float32
+# elements take to stream through one core. Measured between GEMMs, as in a step: relu
+# on 64K elements 14 us serial, 21 us on 2 threads; on 128K 36 and 30 us.
+SPREAD_MIN_ELEMENTS = 1 << 17
 
 # Below this much unfolded data per thread, handing work to the pool (about 50 us per
 # region) costs more than a second thread saves; LeNet-5's layers at batch 64 carry
