@@ -19,22 +19,12 @@ import statistics
 import sys
 import time
 
-
-def thread_counts(text: str) -> list[int]:
-    """The counts of ``--threads``, or exit naming the argument."""
-    try:
-        counts = [int(t) for t in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        sys.exit(f"error: --threads: got {text!r}, allowed: thread counts >= 1 separated by "
-                 "commas (1,2)")
-    return counts
-
+from thread_counts import thread_counts
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ARGS.add_argument("--threads", default="1,2", help="thread counts, comma-separated (1,2)")
-COUNTS = thread_counts(ARGS.parse_args().threads)
+ARGS.parse_args()
+COUNTS = thread_counts(sys.argv[1:], default="1,2")
 # Numba sizes its pool from the count minidp chooses when it is imported: the largest.
 os.environ["MINIDP_NUM_THREADS"] = str(max(COUNTS))
 

@@ -47,21 +47,7 @@ import subprocess
 import sys
 import time
 
-
-def thread_counts(argv: list[str]) -> list[int]:
-    """The counts of ``--threads`` (read before minidp is imported: see below)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--threads", default="1")
-    text = parser.parse_known_args(argv)[0].threads
-    try:
-        counts = [int(t) for t in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        sys.exit(f"error: --threads: got {text!r}, allowed: thread counts >= 1 separated by "
-                 "commas (1,2)")
-    return counts
-
+from thread_counts import thread_counts
 
 TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
 
