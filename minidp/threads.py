@@ -127,7 +127,7 @@ def check() -> None:
 # and OpenMP's for about a millisecond, and held that core when the next pool's thread
 # needed it: a parallel SGD step of 0.1 ms took 3.7 ms after a GEMM, and the MLP's and
 # LeNet-5's steps at 2 threads took 2.8 and 2.1 times their 1-thread steps. Spinning
-# 2**14 cycles (7 us) and sleeping at once, they took 0.72 and 0.69 times (measured on
+# 2**14 cycles (7 us) and sleeping at once, they took 0.75 and 0.69 times (measured on
 # 2 cores; waking a sleeping worker costs tens of microseconds instead).
 IDLE_WAIT = {"OPENBLAS_THREAD_TIMEOUT": "14", "OMP_WAIT_POLICY": "PASSIVE"}
 
