@@ -125,6 +125,8 @@ from minidp.optim import SGD  # noqa: E402
 CASES = [("mlp", 128, (1, 28, 28)), ("lenet5", 64, (1, 28, 28)),
          ("cifar_cnn", 64, (3, 32, 32)), ("resnet20", 64, (3, 32, 32))]
 GPU_CASES = [("lenet5", 256, (1, 28, 28)), ("cifar_cnn", 128, (3, 32, 32))]
+
+
 def minidp_step(name, batch, shape, device="cpu"):
     xp = backend.device_module(device)
     model = layers.MODELS[name]().to(device)
@@ -319,14 +321,14 @@ def main():
         device, args.no_memory = "cuda", True
     cases = GPU_CASES if device == "cuda" else CASES
     chosen = args.models or [name for name, *_ in cases]
-    torch = None if args.no_torch else TorchProcess()
-    if torch is not None and not torch.available:
-        torch.close()
-        torch = None
+    pytorch = None if args.no_torch else TorchProcess()
+    if pytorch is not None and not pytorch.available:
+        pytorch.close()
+        pytorch = None
         print("torch is not installed (make torch): minidp alone")
     ensure_compiled()  # the measured processes then load the kernels, never compile them
     counts = THREADS if device == "cpu" else [1]
-    frameworks = ["minidp"] + (["torch"] if torch is not None else [])
+    frameworks = ["minidp"] + (["torch"] if pytorch is not None else [])
     load = os.getloadavg()
     peaks = {t: peak_gemm_gflops(t) for t in counts} if device == "cpu" else {}
     rows, limit_rows, target_rows = [], [], []
@@ -336,9 +338,9 @@ def main():
             steps.append(minidp_step(name, batch, shape, device))
             prepare.append(lambda t=t: threads.limit_threads(t))
             keys.append(("minidp", t))
-            if torch is not None:
-                steps.append(torch.step(name, batch, shape, device))
-                prepare.append(lambda t=t: torch.set_threads(t))
+            if pytorch is not None:
+                steps.append(pytorch.step(name, batch, shape, device))
+                prepare.append(lambda t=t: pytorch.set_threads(t))
                 keys.append(("torch", t))
         medians = interleaved_medians(steps, args.repeats, prepare=prepare)
         time_of = {k: [m[i] for m in medians] for i, k in enumerate(keys)}
@@ -346,7 +348,7 @@ def main():
         row = [name, batch]
         for t in counts:
             row.append(f"{ms['minidp', t]:.2f}")
-            if torch is not None:
+            if pytorch is not None:
                 ratios = [m / p for m, p in zip(time_of["minidp", t], time_of["torch", t])]
                 row += [f"{ms['torch', t]:.2f}", spread(ratios)]
         for fw in frameworks:
@@ -366,7 +368,7 @@ def main():
                 limit_row += [f"{limit_ms:.2f}"] + [f"{limit_ms / ms[fw, t]:.0%}"
                                                     for fw in frameworks]
             limit_rows.append(limit_row)
-        if torch is not None and len(counts) > 1:
+        if pytorch is not None and len(counts) > 1:
             one, many = counts[0], counts[-1]
             speedup = statistics.median(a / b for a, b in zip(time_of["minidp", one],
                                                               time_of["minidp", many]))
@@ -379,7 +381,7 @@ def main():
     headers = ["model", "batch"]
     for t in counts:
         headers.append(f"minidp {t}t ms")
-        if torch is not None:
+        if pytorch is not None:
             headers += [f"pytorch {t}t ms", f"minidp/pytorch {t}t [min, max]"]
     for fw in frameworks:
         headers += [f"{fw} {t}t speed-up [min, max]" for t in counts[1:]]
@@ -403,8 +405,8 @@ def main():
         common.print_table(["model", f"minidp {many}t speed-up", ">= 1.6x",
                             f"minidp/pytorch {many}t", "<= 1.0x", f"minidp/pytorch {one}t",
                             "<= 1.0x"], target_rows)
-    if torch is not None:
-        torch.close()
+    if pytorch is not None:
+        pytorch.close()
 
 
 if __name__ == "__main__":
