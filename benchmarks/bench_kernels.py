@@ -16,15 +16,13 @@ kernel's serial loop runs, so the first column is the serial kernels.
 import argparse
 import os
 import statistics
-import sys
 import time
 
 from thread_counts import thread_counts
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ARGS.add_argument("--threads", default="1,2", help="thread counts, comma-separated (1,2)")
-ARGS.parse_args()
-COUNTS = thread_counts(sys.argv[1:], default="1,2")
+COUNTS = thread_counts(["--threads", ARGS.parse_args().threads])
 # Numba sizes its pool from the count minidp chooses when it is imported: the largest.
 os.environ["MINIDP_NUM_THREADS"] = str(max(COUNTS))
 

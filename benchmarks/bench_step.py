@@ -80,6 +80,7 @@ def torch_worker():
     step's number. ``threads T``: ``torch.set_num_threads(T)``. ``step K``: step K's
     time in seconds, taken here (not the pipe's).
     """
+    answers, sys.stdout = sys.stdout, sys.stderr  # what PyTorch prints is not an answer
     torch, steps = None, []
     for line in sys.stdin:
         command, *words = line.split()
@@ -101,7 +102,7 @@ def torch_worker():
             start = time.perf_counter()
             step()
             answer = time.perf_counter() - start
-        print(answer, flush=True)
+        print(answer, file=answers, flush=True)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--torch-worker"]:
@@ -152,12 +153,10 @@ class TorchProcess:
     """
 
     def __init__(self):
-        filled = set(os.environ.get(threads.DEFAULTS_VARIABLE, "").split(","))
-        env = {k: v for k, v in os.environ.items()
-               if f"{k}={v}" not in filled and k != threads.DEFAULTS_VARIABLE}
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__),
                                       "--torch-worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
+                                     stdout=subprocess.PIPE, text=True,
+                                     env=threads.user_environment())
         self.available = self.ask("import") == "1"
 
     def ask(self, *words):
@@ -293,8 +292,8 @@ def peak_memory(framework, name, batch, shape):
     """(resident MB before the step, peak resident MB) of one step, in a fresh process."""
     out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, name, str(batch),
                           *map(str, shape), framework, TESTS], check=True, capture_output=True,
-                         text=True, env=dict(os.environ, MINIDP_NUM_THREADS="1",
-                                             OMP_NUM_THREADS="1"))
+                         text=True, env=dict(threads.user_environment(),
+                                             MINIDP_NUM_THREADS="1", OMP_NUM_THREADS="1"))
     before, peak = out.stdout.split()[-2:]
     return float(before), float(peak)
 

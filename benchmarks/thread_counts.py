@@ -10,10 +10,10 @@ import argparse
 import sys
 
 
-def thread_counts(argv: list[str], default: str = "1") -> list[int]:
+def thread_counts(argv: list[str]) -> list[int]:
     """The counts of ``--threads`` in ``argv``, or exit naming the argument and its value."""
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--threads", default=default)
+    parser.add_argument("--threads", default="1")
     text = parser.parse_known_args(argv)[0].threads
     try:
         counts = [int(t) for t in text.split(",")]

@@ -126,9 +126,9 @@ def check() -> None:
 # libraries' workers spins after its work by default, OpenBLAS's for 2**28 cycles (0.1 s)
 # and OpenMP's for about a millisecond, and held that core when the next pool's thread
 # needed it: a parallel SGD step of 0.1 ms took 3.7 ms after a GEMM, and the MLP's and
-# LeNet-5's steps at 2 threads took 2.8 and 2.1 times their 1-thread steps. Spinning
-# 2**14 cycles (7 us) and sleeping at once, they took 0.75 and 0.69 times (measured on
-# 2 cores; waking a sleeping worker costs tens of microseconds instead).
+# LeNet-5's steps at 2 threads took twice their 1-thread steps (bench_step.py on 2 cores,
+# docs/benchmarks.md). Spinning 2**14 cycles (7 us) and sleeping at once, they take 0.74
+# times (bench_step.py --no-torch); waking a sleeping worker costs 15-80 us instead.
 IDLE_WAIT = {"OPENBLAS_THREAD_TIMEOUT": "14", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
@@ -145,7 +145,19 @@ def idle_wait_settings() -> Iterator[None]:
         yield
     finally:
         for name in filled:
-            del os.environ[name]
+            os.environ.pop(name, None)
+
+
+def user_environment() -> dict[str, str]:
+    """This process's environment without the thread counts minidp filled in.
+
+    For a child process that is not minidp's (a PyTorch job): it chooses its threads as
+    it would alone. The idle-wait settings (:data:`IDLE_WAIT`) are never left in the
+    environment, so there is nothing of them to take out.
+    """
+    filled = set(os.environ.get(DEFAULTS_VARIABLE, "").split(","))
+    return {name: value for name, value in os.environ.items()
+            if f"{name}={value}" not in filled and name != DEFAULTS_VARIABLE}
 
 
 def set_thread_environment() -> int:

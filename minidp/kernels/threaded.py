@@ -54,10 +54,11 @@ from minidp.threads import blas_single_threaded, threads_in_force
 # Python and BLAS-call overhead more often, a whole batch goes out to memory).
 CHUNK_BYTES = 1 << 21
 
-# Under this many elements a kernel stays on one thread: a parallel launch costs 10-20 us
-# once the other threads sleep (minidp.threads.IDLE_WAIT), about what 64K-128K float32
-# elements take to stream through one core. Measured between GEMMs, as in a step: relu
-# on 64K elements 14 us serial, 21 us on 2 threads; on 128K 36 and 30 us.
+# Under this many elements a kernel stays on one thread: a parallel launch costs 15-80 us
+# once the other threads sleep (minidp.threads.IDLE_WAIT; the longer they slept, the
+# more), what 64K-128K float32 elements take to stream through one core. Measured between
+# GEMMs, as in a step: relu on 64K elements 14 us serial, 21 us on 2 threads; on 128K 36
+# and 30 us.
 SPREAD_MIN_ELEMENTS = 1 << 17
 
 # Below this much unfolded data per thread, handing work to the pool (about 50 us per

@@ -39,7 +39,7 @@ ENVIRONMENT = {
     "to 14 and PASSIVE while OpenBLAS and Numba's OpenMP load (not for child processes): "
     "their idle threads sleep at once instead of spinning on the core that the rank's next "
     "parallel kernel needs (a program that imports NumPy or PyTorch before minidp keeps "
-    "their defaults)",
+    "their defaults; PyTorch imported after minidp shares its OpenMP and the setting)",
     "MINIDP_THREAD_DEFAULTS": "written by minidp, not by you: the thread variables it filled "
     "in, so that a child process can tell them from yours",
     "MINIDP_BACKEND": "`numpy` (default) or `cupy`: the array backend (`cupy` trains on the "
