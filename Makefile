@@ -56,7 +56,10 @@ test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit
 
 # The NumPy reference paths (used on CuPy arrays and under NUMBA_DISABLE_JIT=1) must pass too.
+# Its tests start Python processes too (the thread and environment settings): the bytecode
+# is compiled first, as for the suite below.
 test-nojit: venv
+	$(BIN)/python -m compileall -q minidp tests >/dev/null
 	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q -n 2 tests/unit
 
 # `make test`: ruff, the NumPy reference pass, then every test (test-suite).
