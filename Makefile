@@ -22,7 +22,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 
-.PHONY: venv test test-suite test-openmpi test-gpu test-faults mutants fuzz test-unit test-nojit test-min \
+.PHONY: venv bytecode test test-suite test-openmpi test-gpu test-faults mutants fuzz test-unit test-nojit test-min \
 	data demo hosts test-hosts lint bench torch clean
 
 # mpi4py compiled against the system MPI (3 min here) is kept in a pip cache of that MPI's
@@ -55,11 +55,15 @@ lint: venv
 test-unit: venv
 	$(BIN)/python -m pytest -q tests/unit
 
-# The NumPy reference paths (used on CuPy arrays and under NUMBA_DISABLE_JIT=1) must pass too.
-# Its tests start Python processes too (the thread and environment settings): the bytecode
-# is compiled first, as for the suite below.
-test-nojit: venv
+# The suite starts over a thousand Python processes (every rank of every job), and the
+# NumPy reference pass some too: the bytecode is compiled once first, as Python would
+# cache it itself unless PYTHONDONTWRITEBYTECODE is set (0.3 s of each process's start
+# otherwise).
+bytecode: venv
 	$(BIN)/python -m compileall -q minidp tests >/dev/null
+
+# The NumPy reference paths (used on CuPy arrays and under NUMBA_DISABLE_JIT=1) must pass too.
+test-nojit: bytecode
 	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q -n 2 tests/unit
 
 # `make test`: ruff, the NumPy reference pass, then every test (test-suite).
@@ -70,11 +74,8 @@ test: lint test-nojit test-suite
 # that share a fixture run on one worker each (their xdist_group mark, read by the
 # scheduler in tests/conftest.py); every test passes beside another job as it must on a
 # shared machine (docs/reliability.md). The 15 slowest are listed at the end: where the
-# suite's time goes. The suite starts over a thousand Python processes (every rank of
-# every job): the bytecode is compiled once first, as Python would cache it itself
-# unless PYTHONDONTWRITEBYTECODE is set (0.3 s of each process's start otherwise).
-test-suite: venv
-	$(BIN)/python -m compileall -q minidp tests >/dev/null
+# suite's time goes.
+test-suite: bytecode
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15 tests
 
 # The suite under Open MPI, the MPI of most clusters, in .venv-system built against the

@@ -37,7 +37,10 @@ DEFAULTS_VARIABLE = "MINIDP_THREAD_DEFAULTS"
 
 
 def _inherited_defaults() -> set[str]:
-    """Thread variables that still hold the value a parent minidp process filled in."""
+    """Thread variables that still hold the value a minidp process filled in.
+
+    That process is a parent, or this one once :func:`set_thread_environment` has run.
+    """
     listed = (item.split("=", 1) for item in os.environ.get(DEFAULTS_VARIABLE, "").split(",")
               if "=" in item)
     return {name for name, value in listed if os.environ.get(name) == value}
@@ -155,9 +158,9 @@ def user_environment() -> dict[str, str]:
     it would alone. The idle-wait settings (:data:`IDLE_WAIT`) are never left in the
     environment, so there is nothing of them to take out.
     """
-    filled = set(os.environ.get(DEFAULTS_VARIABLE, "").split(","))
+    filled = _inherited_defaults()
     return {name: value for name, value in os.environ.items()
-            if f"{name}={value}" not in filled and name != DEFAULTS_VARIABLE}
+            if name not in filled and name != DEFAULTS_VARIABLE}
 
 
 def set_thread_environment() -> int:
