@@ -19,8 +19,10 @@ convolution engines). So the process that filled the cache writes a stamp beside
 named by everything Numba's own cache index depends on (Numba and Python versions,
 the CPU, each kernel module's path, size and modification time); a process that finds
 the stamp takes no lock and loads nothing up front: Numba loads each kernel from the
-cache at its first call (about 15 ms). Editing a kernel file, another CPU sharing the
-directory, or another Numba makes another stamp name, and the cache is filled again.
+cache at its first call (about 15 ms), without filling its compiler's registries
+(:mod:`.cached`: 0.25-0.3 s of each process's start otherwise). Editing a kernel file,
+another CPU sharing the directory, or another Numba makes another stamp name, and the
+cache is filled again.
 
 The cache and its locks live in a per-user directory: ``NUMBA_CACHE_DIR`` when set,
 else ``$XDG_CACHE_HOME/minidp/numba`` (``~/.cache/minidp/numba``), so users of one
@@ -48,6 +50,8 @@ import llvmlite.binding as llvm
 import numba
 import numpy as np
 
+from minidp.kernels import cached
+
 # Compiling every kernel (serial and parallel, float32 and float64) takes about a minute
 # of CPU, and 7 minutes of wall time were measured on 2 cores shared with 15 other jobs.
 LOCK_TIMEOUT_S = 1200.0
@@ -68,6 +72,7 @@ def cache_dir() -> str:
 # Numba reads its cache location when a kernel module decorates its functions, which
 # happens after this module is imported: point it at the per-user directory now.
 numba.config.CACHE_DIR = cache_dir()
+cached.install()  # a kernel loaded from the cache skips the compiler's registries
 
 
 def jit_enabled() -> bool:
