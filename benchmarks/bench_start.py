@@ -18,12 +18,15 @@ in the cache already (any earlier minidp run on this machine, or ``make test``).
 """
 
 import argparse
-import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+
+import common
+
+from minidp.kernels import cached
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ARGS.add_argument("--repeats", type=int, default=15, help="processes of each kind (15)")
@@ -37,7 +40,7 @@ relu_forward(np.linspace(-1, 1, 1000, dtype=np.float32))
 NUMBA = """
 from numba.core import caching
 from minidp.kernels import cached
-caching.Cache.load_overload = cached.NUMBA_LOAD["load_overload"]
+caching.FunctionCache.load_overload = cached.NUMBA_LOAD["load_overload"]
 """ + KERNEL
 KINDS = {"import": "import minidp", "kernel": "import minidp" + KERNEL,
          "numba": "import minidp" + NUMBA}
@@ -47,7 +50,7 @@ def start(code: str) -> tuple[float, float]:
     """CPU and wall seconds of one process running ``code``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+    subprocess.run([sys.executable, "-c", code], check=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -56,19 +59,20 @@ def start(code: str) -> tuple[float, float]:
 
 def main() -> None:
     repeats = ARGS.parse_args().repeats
+    if not cached.install():
+        raise SystemExit("this Numba's cache is not the one minidp/kernels/cached.py knows: "
+                         "every load refreshes, there is nothing to compare")
     start(KINDS["kernel"])  # fills the cache if a kernel is missing, untimed
     times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
     for _ in range(repeats):
         for kind, code in KINDS.items():
             times[kind].append(start(code))
     print(f"{repeats} processes of each kind, started in turn; medians\n")
-    print("| process | CPU s | wall s |")
-    print("|---|---|---|")
-    medians = {}
-    for kind, runs in times.items():
-        medians[kind] = (statistics.median(c for c, _ in runs),
-                         statistics.median(w for _, w in runs))
-        print(f"| {kind} | {medians[kind][0]:.3f} | {medians[kind][1]:.3f} |")
+    medians = {kind: (statistics.median(c for c, _ in runs), statistics.median(w for _, w in runs))
+               for kind, runs in times.items()}
+    common.print_table(["process", "CPU s", "wall s"],
+                       [[kind, f"{cpu:.3f}", f"{wall:.3f}"]
+                        for kind, (cpu, wall) in medians.items()])
     (kernel, _), (numba, _) = medians["kernel"], medians["numba"]
     print(f"\nthe first kernel without the refresh: {kernel / numba:.2f}x the CPU of Numba's "
           f"own load ({numba - kernel:.3f} s less per process)")

@@ -20,7 +20,7 @@ named by everything Numba's own cache index depends on (Numba and Python version
 the CPU, each kernel module's path, size and modification time); a process that finds
 the stamp takes no lock and loads nothing up front: Numba loads each kernel from the
 cache at its first call (about 15 ms), without filling its compiler's registries
-(:mod:`.cached`: 0.25-0.3 s of each process's start otherwise). Editing a kernel file,
+(:mod:`.cached`: 0.24-0.27 s of each process's start otherwise). Editing a kernel file,
 another CPU sharing the directory, or another Numba makes another stamp name, and the
 cache is filled again.
 
