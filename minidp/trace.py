@@ -22,9 +22,10 @@ JSON that Perfetto and chrome://tracing read, one process per rank (pid = rank):
 =========  ==========================================================================
 
 Timestamps are microseconds on the Unix clock (``time.time``), read through
-``perf_counter`` from one moment taken when the tracer starts: every rank of a machine
-reads the same clock, so the ranks' lanes line up and an arrow never runs backwards in
-time (across machines they line up as well as the hosts' clocks agree). The decisions
+``perf_counter`` from one moment taken when the tracer starts (:func:`clock_origin`):
+every rank of a machine reads the same clock, so the ranks' lanes line up and an arrow
+never runs backwards in time (across machines they line up as well as the hosts' clocks
+agree). The decisions
 and step marks are recorded for the first :data:`DETAIL_STEPS` steps only (what the
 sequence diagram of ``minidp report`` draws); slices and arrows for the whole run, up
 to ``max_events``.
@@ -40,6 +41,27 @@ from typing import Any
 
 PHASES = ("data", "forward", "backward", "comm_intra", "comm_inter", "wait", "optimizer")
 DETAIL_STEPS = 10  # steps whose decisions and boundaries are recorded (the diagram's)
+ORIGIN_READS = 8  # brackets tried for the tracer's origin (clock_origin)
+
+
+def clock_origin(reads: int = ORIGIN_READS) -> tuple[float, float]:
+    """One moment on both clocks: (``perf_counter`` seconds, Unix microseconds).
+
+    Two clocks cannot be read at once. A rank descheduled between the two reads (a
+    millisecond and more on a busy machine) would shift every stamp it makes by that
+    pause, and the arrows from its lane would run backwards. So the Unix clock is read
+    between two ``perf_counter`` reads, ``reads`` times, and the tightest bracket is
+    kept: its midpoint is within half its width (under a microsecond when nothing
+    interrupts it) of the moment the Unix clock was read.
+    """
+    best_width, origin, unix_us = float("inf"), 0.0, 0.0
+    for _ in range(reads):
+        before = time.perf_counter()
+        unix = time.time()
+        after = time.perf_counter()
+        if after - before < best_width:
+            best_width, origin, unix_us = after - before, (before + after) / 2, unix * 1e6
+    return origin, unix_us
 
 
 class Tracer:
@@ -57,8 +79,8 @@ class Tracer:
                  record_events: bool = True, max_events: int = 200_000) -> None:
         self.rank, self.record_events, self.max_events = rank, record_events, max_events
         self.lane = lane or (f"rank {rank}", rank)
-        self.origin = time.perf_counter()
-        self.unix_us = time.time() * 1e6  # the same moment on the clock every rank reads
+        # The same moment on this rank's perf_counter and the Unix clock every rank reads.
+        self.origin, self.unix_us = clock_origin()
         self.seconds: dict[str, float] = defaultdict(float)
         self.counters: dict[str, int] = defaultdict(int)
         self.totals: dict[str, int] = defaultdict(int)  # the counters, never reset
