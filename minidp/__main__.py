@@ -255,20 +255,28 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--data-dir", default="data", help="where source files are looked for")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
     prep.set_defaults(run=data_prepare)
-    from minidp.reporting import compare, report
-    from minidp.simulate import command as simulate
+    # The other commands' modules (report's, simulate's, replay's: 22 modules, some 30 ms
+    # of each rank's start) load only when one of them is given, or when no command is
+    # (the help and argparse's complaint list them all).
+    later = {"report": "report.md and plots of runs",
+             "compare": "train several strategies alike, then report",
+             "simulate": "predicted epoch time and communication share at cluster scale",
+             "replay": "re-execute an asynchronous run in one process; compare with its model"}
+    chosen = argv[0] if argv else ""
+    parsers = {name: sub.add_parser(name, help=text) for name, text in later.items()}
+    if chosen in ("report", "compare") or chosen not in sub.choices:
+        from minidp.reporting import compare, report
 
-    report.add_arguments(sub.add_parser("report", help="report.md and plots of runs"))
-    compare.add_arguments(sub.add_parser("compare", help="train several strategies alike, "
-                                         "then report"))
-    simulate.add_arguments(sub.add_parser(
-        "simulate", help="predicted epoch time and communication share at cluster scale"
-    )).set_defaults(run=simulate.run)
-    from minidp.replay import command as replay
+        report.add_arguments(parsers["report"])
+        compare.add_arguments(parsers["compare"])
+    if chosen == "simulate" or chosen not in sub.choices:
+        from minidp.simulate import command as simulate
 
-    replay.add_arguments(sub.add_parser(
-        "replay", help="re-execute an asynchronous run in one process; compare with its model"
-    )).set_defaults(run=replay.run)
+        simulate.add_arguments(parsers["simulate"]).set_defaults(run=simulate.run)
+    if chosen == "replay" or chosen not in sub.choices:
+        from minidp.replay import command as replay
+
+        replay.add_arguments(parsers["replay"]).set_defaults(run=replay.run)
     try:
         args = parser.parse_args(argv)
     except ArgumentsRefused as exc:
