@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -173,6 +174,11 @@ def set_thread_environment() -> int:
     n = threads_per_rank()
     filled = []
     for name in THREAD_VARIABLES:
+        if name == "NUMBA_NUM_THREADS" and "numba" in sys.modules:
+            # Numba, imported before minidp, has read it: every later compile checks that
+            # it has not changed since the pool started, and a new value would fail it.
+            # limit_threads sets the count in force on that pool instead.
+            continue
         users = "" if name in _INHERITED else os.environ.get(name, "")
         if not users or (name == "OMP_NUM_THREADS" and not _count(users)):
             os.environ[name] = str(n)  # unset, a parent's default, or unusable: ours

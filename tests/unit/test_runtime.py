@@ -31,6 +31,21 @@ def test_one_thread_per_rank_when_ranks_fill_the_cores():
     assert run(code, MINIDP_NUM_THREADS="1", MPI_LOCALNRANKS="1") == "1"
 
 
+def test_numba_imported_before_minidp_still_compiles_on_a_rank_of_one_thread():
+    # Numba reads NUMBA_NUM_THREADS when it is imported, and every later compile checks
+    # that the variable has not changed since its pool started. A program that imports
+    # Numba (itself, or through a library) before minidp, on a rank given one thread of
+    # several cores, failed its next compile (a function of its own, or minidp's kernels
+    # in a cold cache) with "Cannot set NUMBA_NUM_THREADS to a different value".
+    cores = len(os.sched_getaffinity(0))
+    code = ("import numba, minidp, numpy as np; "
+            "from minidp.kernels.elementwise import relu_forward; "
+            "relu_forward(np.ones(4, np.float32)); "
+            "print(numba.njit(lambda a: a + 1)(1), numba.get_num_threads())")
+    assert run(code, MPI_LOCALNRANKS=str(cores)) == "2 1"
+    assert run(code, MINIDP_NUM_THREADS="1", MPI_LOCALNRANKS="1") == "2 1"
+
+
 def test_a_parents_defaults_are_not_taken_for_the_users_setting():
     # A process that imported minidp (all cores, one rank) launches ranks that share the
     # cores, as `minidp compare` does: they decide again, and a user's setting still wins.
