@@ -170,6 +170,7 @@ def set_thread_environment() -> int:
     Called before NumPy is imported, so OpenBLAS/MKL start with the right pool size.
     Explicit user settings of the library-specific variables are respected; the ones
     filled in are listed in ``MINIDP_THREAD_DEFAULTS`` (see the module docstring).
+    ``NUMBA_NUM_THREADS`` is left alone where Numba was imported first.
     """
     n = threads_per_rank()
     filled = []
@@ -177,7 +178,10 @@ def set_thread_environment() -> int:
         if name == "NUMBA_NUM_THREADS" and "numba" in sys.modules:
             # Numba, imported before minidp, has read it: every later compile checks that
             # it has not changed since the pool started, and a new value would fail it.
-            # limit_threads sets the count in force on that pool instead.
+            # limit_threads sets the count in force on that pool instead. A parent's
+            # default left as it was stays listed as one, not taken for the user's.
+            if name in _INHERITED:
+                filled.append(f"{name}={os.environ[name]}")
             continue
         users = "" if name in _INHERITED else os.environ.get(name, "")
         if not users or (name == "OMP_NUM_THREADS" and not _count(users)):

@@ -25,10 +25,9 @@ Timestamps are microseconds on the Unix clock (``time.time``), read through
 ``perf_counter`` from one moment taken when the tracer starts (:func:`clock_origin`):
 every rank of a machine reads the same clock, so the ranks' lanes line up and an arrow
 never runs backwards in time (across machines they line up as well as the hosts' clocks
-agree). The decisions
-and step marks are recorded for the first :data:`DETAIL_STEPS` steps only (what the
-sequence diagram of ``minidp report`` draws); slices and arrows for the whole run, up
-to ``max_events``.
+agree). The decisions and step marks are recorded for the first :data:`DETAIL_STEPS`
+steps only (what the sequence diagram of ``minidp report`` draws); slices and arrows for
+the whole run, up to ``max_events``.
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ ENVIRONMENT = {
     "SLURM_NTASKS_PER_NODE": "ranks on this node, as the launcher says (the default threads "
     "per rank divide the cores by it)",
     "OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, NUMBA_NUM_THREADS": "set by minidp to the "
-    "threads per rank unless you set them; the ones it filled in are listed in "
-    "`MINIDP_THREAD_DEFAULTS`",
+    "threads per rank unless you set them (not `NUMBA_NUM_THREADS` in a program that "
+    "imported Numba before minidp: Numba has read it, and its next compile would fail on "
+    "a changed value); the ones it filled in are listed in `MINIDP_THREAD_DEFAULTS`",
     "OPENBLAS_THREAD_TIMEOUT, OMP_WAIT_POLICY": "unless you set them, minidp sets them "
     "to 14 and PASSIVE while OpenBLAS and Numba's OpenMP load (not for child processes): "
     "their idle threads sleep at once instead of spinning on the core that the rank's next "

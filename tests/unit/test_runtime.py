@@ -44,6 +44,12 @@ def test_numba_imported_before_minidp_still_compiles_on_a_rank_of_one_thread():
             "print(numba.njit(lambda a: a + 1)(1), numba.get_num_threads())")
     assert run(code, MPI_LOCALNRANKS=str(cores)) == "2 1"
     assert run(code, MINIDP_NUM_THREADS="1", MPI_LOCALNRANKS="1") == "2 1"
+    # A parent's default that Numba has read stays listed as one: not the user's setting.
+    listed = ("import numba, minidp, os; from minidp import threads; "
+              "print(os.environ['MINIDP_THREAD_DEFAULTS'].split(',')[-1], "
+              "'NUMBA_NUM_THREADS' in threads.user_environment())")
+    assert run(listed, NUMBA_NUM_THREADS="2", MINIDP_THREAD_DEFAULTS="NUMBA_NUM_THREADS=2",
+               MINIDP_NUM_THREADS="1") == "NUMBA_NUM_THREADS=2 False"
 
 
 def test_a_parents_defaults_are_not_taken_for_the_users_setting():
