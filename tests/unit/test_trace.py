@@ -34,10 +34,10 @@ def test_ranks_started_apart_share_one_clock():
     # Two ranks' tracers start 50 ms apart; an event on the later one right after an
     # event on the earlier one must not be stamped before it (the arrows between them
     # run forwards in time). Stamps relative to each tracer's own start would put the
-    # later tracer's event about 50 ms earlier.
-    # Both stamps must also lie between two reads of the Unix clock taken around them
-    # (within 100 us, generously: each tracer's origin is read to well under a microsecond,
-    # and a double holds today's Unix time in microseconds to a quarter of one).
+    # later tracer's event about 50 ms earlier. Both stamps must also lie between two
+    # reads of the Unix clock taken around them (within 100 us, generously: each tracer's
+    # origin is read to well under a microsecond, and a double holds today's Unix time in
+    # microseconds to a quarter of one).
     early = Tracer(rank=0)
     time.sleep(0.05)
     late = Tracer(rank=1)
