@@ -121,12 +121,16 @@ def run_record(config: dict[str, Any], comm: Communicator, ranks_per_node: int) 
     ``hosts`` is every rank's hostname; ``machines`` MPI's shared-memory nodes with their
     hosts and ranks (one per host on a cluster); ``nodes`` says whether the run's nodes
     are those (``"machines"``) or virtual nodes of ``--ranks-per-node`` (``"virtual"``).
+    The git commit is asked on rank 0 only, the rank that writes the record: each ask
+    starts two ``git`` processes, a fork of the whole rank each, which a job of a thousand
+    ranks on one shared file system would otherwise start two thousand times.
     """
     hosts = guard.allgather_object(comm, socket.gethostname(), "run.json hosts")
+    package = os.path.dirname(os.path.abspath(minidp.__file__))
     record = {
         "config": config,
         "versions": versions(),
-        "git_commit": git_commit(os.path.dirname(os.path.abspath(minidp.__file__))),
+        "git_commit": None if comm.Get_rank() else git_commit(package),
         "command": list(sys.argv),
         "world_size": comm.Get_size(), "ranks_per_node": ranks_per_node, "hosts": hosts,
         "machines": machines(comm),

@@ -1,11 +1,15 @@
 """SPMD: the Trainer through its Python API: data checks on every rank, evaluation sharding."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from minidp.io.datasets import synthetic
 from minidp.io.mdp import write_mdp
+from minidp.run import run_json
 from minidp.run.config import TrainConfig
 from minidp.run.trainer import Trainer
 
@@ -36,6 +40,21 @@ def test_dataset_missing_on_some_ranks_is_an_error_on_every_rank(data_dir, tmp_p
                                                 rf"rank\(s\) {world.size - 1}: .*every rank must "
                                                 "read the same --data-dir"):
         Trainer(config(mine, tmp_path))
+
+
+def test_only_the_rank_that_writes_run_json_asks_git_for_the_commit(data_dir, tmp_path,
+                                                                  monkeypatch):
+    asked = []
+    ask = run_json.git_commit
+    monkeypatch.setattr(run_json, "git_commit", lambda directory: asked.append(directory) or
+                        ask(directory))
+    out = world.bcast(str(tmp_path / "run"))
+    Trainer(config(data_dir, out)).fit()
+    assert world.allgather(len(asked)) == [1] + [0] * (world.size - 1)
+    with open(os.path.join(out, "run.json")) as f:
+        recorded = json.load(f)["git_commit"]
+    assert world.allgather(recorded) == [ask(world.bcast(asked[0] if asked else None))] * \
+        world.size
 
 
 def test_evaluation_covers_the_test_set_once(data_dir, tmp_path):
