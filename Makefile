@@ -64,7 +64,7 @@ bytecode: venv
 
 # The NumPy reference paths (used on CuPy arrays and under NUMBA_DISABLE_JIT=1) must pass too.
 test-nojit: bytecode
-	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q -n 2 tests/unit
+	NUMBA_DISABLE_JIT=1 MINIDP_REFERENCE_PASS=1 $(BIN)/python -m pytest -q -n 2 tests/unit
 
 # `make test`: ruff, the NumPy reference pass, then every test (test-suite).
 test: lint test-nojit test-suite

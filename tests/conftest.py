@@ -14,7 +14,11 @@ import pytest
 
 # helpers shared by test directories (spmd launcher, PyTorch twins)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_pass  # noqa: E402 (found through the path just added)
+
 collect_ignore_glob = [] if os.environ.get("MINIDP_SPMD") else ["mpi/*", "scripts/*"]
+# The NumPy reference pass leaves out the modules that never reach a kernel's gate
+collect_ignore = reference_pass.left_out()
 
 
 @functools.cache
@@ -95,3 +99,9 @@ def synthetic_data_dir(tmp_path_factory):
                     path, "--data-dir", path, "--quiet"], check=True, capture_output=True,
                    env=dict(os.environ, PYTHONPATH=root))
     return path
+
+
+@pytest.fixture(autouse=True)
+def kernel_free_modules_stay_free(request):
+    """A module the reference pass leaves out must not reach the kernels (reference_pass.py)."""
+    yield from reference_pass.check_kernel_free(request)
