@@ -16,7 +16,6 @@ Applied once at import on glibc systems; explicit ``MALLOC_MMAP_THRESHOLD_`` /
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 M_TRIM_THRESHOLD = -1
@@ -29,11 +28,11 @@ def tune_malloc() -> bool:
     """Raise glibc's mmap and trim thresholds; returns whether anything was changed."""
     if os.environ.get("MINIDP_MALLOC_TUNING", "1") == "0":
         return False
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        # The running process's own symbols, libc's among them: finding libc by name
+        # (ctypes.util.find_library) runs ``ldconfig -p``, a fork of the whole process,
+        # in every rank (6 ms here, once NumPy and Numba are loaded).
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False  # not glibc (musl, macOS): nothing to tune
     changed = False
