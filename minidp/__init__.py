@@ -4,6 +4,8 @@ Thread limits are exported before NumPy is first imported (see :mod:`minidp.thre
 so BLAS starts with one thread per rank when several ranks share a node, and its idle
 threads (and OpenMP's) sleep instead of spinning on a core another pool needs, and
 glibc's malloc is told to keep large temporaries in the heap (:mod:`minidp.allocator`).
+In a minidp command, Python's garbage collector is paused while the package imports
+(:mod:`minidp.run.collector`).
 
 Modules that moved keep their old import paths (``minidp.train``, ``minidp.config``,
 ``minidp.strategies.easgd``, ...): :mod:`minidp._moved` imports the new module under the
@@ -19,6 +21,12 @@ from minidp.run.signals import catch_if_minidp_train
 catch_if_minidp_train()
 
 import sys  # noqa: E402 (after the signals, on purpose)
+
+from minidp.run import collector as _collector  # noqa: E402
+
+# A minidp command's imports make some 100,000 objects and no garbage: no collection
+# walks them (minidp/run/collector.py).
+_collector.pause_for_command()
 
 from minidp import _moved  # noqa: E402
 from minidp import allocator as _allocator  # noqa: E402

@@ -34,6 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 import minidp
+from minidp.run import collector
 from minidp.run.signals import catch_stop_signals
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ def train(args: argparse.Namespace) -> int:
     from minidp.run.stopping import EXIT_STOPPED, Stopped
     from minidp.run.trainer import Trainer
 
+    collector.start_command()  # the modules of a train job are in: frozen, never walked
     guard.install_abort_hook()
     errors = MPI.COMM_WORLD  # until its duplicate exists
     rank = MPI.COMM_WORLD.Get_rank()
@@ -286,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             from minidp.run import environment
 
             environment.check()
+        if args.command != "train":  # train's own modules load in train()
+            collector.start_command()
         return args.run(args)
     except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -130,18 +130,28 @@ def catch_stop_signals(argv: list[str]) -> None:
         CATCHER.install()
 
 
-def started_as_minidp_train(orig_argv: list[str], argv: list[str]) -> bool:
-    """Whether this process's command line runs ``minidp train``.
+def minidp_command_line(orig_argv: list[str], argv: list[str]) -> list[str] | None:
+    """What follows ``minidp`` on this process's command line, or None if it is not minidp.
 
     Args:
         orig_argv: the interpreter's own command line (``sys.orig_argv``): ``python
             [options] -m minidp train ...``, also behind ``-m mpi4py [its options]``.
         argv: the program's (``sys.argv``): the console script is ``.../minidp train ...``.
     """
-    for i, arg in enumerate(orig_argv[:-2]):
+    for i, arg in enumerate(orig_argv[:-1]):
         if arg == "-m" and orig_argv[i + 1] == "minidp":
-            return orig_argv[i + 2] == "train"
-    return os.path.basename(argv[0]) == "minidp" and argv[1:2] == ["train"] if argv else False
+            return orig_argv[i + 2:]
+    return argv[1:] if argv and os.path.basename(argv[0]) == "minidp" else None
+
+
+def started_as_minidp_train(orig_argv: list[str], argv: list[str]) -> bool:
+    """Whether this process's command line runs ``minidp train`` (arguments as above)."""
+    return (minidp_command_line(orig_argv, argv) or [])[:1] == ["train"]
+
+
+def started_as_minidp() -> bool:
+    """Whether this process was started as any minidp command (``python -m minidp ...``)."""
+    return minidp_command_line(sys.orig_argv, sys.argv) is not None
 
 
 def catch_if_minidp_train() -> None:
