@@ -5,6 +5,7 @@
 """
 
 import functools
+import gc
 import os
 import re
 import subprocess
@@ -55,6 +56,17 @@ def pytest_xdist_make_scheduler(config, log):
             return xdist_group_of(nodeid.split("::", 1)[0]) or super()._split_scope(nodeid)
 
     return ByMarkedModule(config, log)
+
+
+def pytest_collection_finish(session):
+    """Freeze what collection made (modules, fixtures, items: they live for the session).
+
+    Python's collector runs thousands of times in a session and walked them every time:
+    3.9 s of a 1,000-test session's 39 s of CPU, 2.7 s once they are frozen (and 0.65 ->
+    0.45 s in each rank of the 4-rank SPMD job). As minidp's own commands do
+    (minidp/run/collector.py).
+    """
+    gc.freeze()
 
 
 def gpu_visible() -> bool:
