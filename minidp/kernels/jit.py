@@ -16,13 +16,14 @@ compilation time is theirs, and a run of one thread per rank never calls them.
 Once every kernel is in the cache, loading them all still costs each process about half
 a second, most of it for kernels its model never calls (an MLP needs none of the
 convolution engines). So the process that filled the cache writes a stamp beside it,
-named by everything Numba's own cache index depends on (Numba and Python versions,
-the CPU, each kernel module's path, size and modification time); a process that finds
-the stamp takes no lock and loads nothing up front: Numba loads each kernel from the
-cache at its first call (about 15 ms), without filling its compiler's registries
-(:mod:`.cached`: 0.24-0.27 s of each process's start otherwise). Editing a kernel file,
-another CPU sharing the directory, or another Numba makes another stamp name, and the
-cache is filled again.
+named by everything the cache's entries depend on (Numba and Python versions, the CPU,
+the digest of each kernel module's contents); a process that finds the stamp takes no
+lock and loads nothing up front: Numba loads each kernel from the cache at its first call
+(about 15 ms), without filling its compiler's registries (:mod:`.cached`: 0.24-0.27 s of
+each process's start otherwise). Editing a kernel file, another CPU sharing the
+directory, or another Numba makes another stamp name, and the cache is filled again; a
+second checkout or a fresh clone of the same kernels does not (:mod:`.locator` files the
+kernels by their contents, not by the checkout's path).
 
 The cache and its locks live in a per-user directory: ``NUMBA_CACHE_DIR`` when set,
 else ``$XDG_CACHE_HOME/minidp/numba`` (``~/.cache/minidp/numba``), so users of one
@@ -50,7 +51,7 @@ import llvmlite.binding as llvm
 import numba
 import numpy as np
 
-from minidp.kernels import cached
+from minidp.kernels import cached, locator
 
 # Compiling every kernel (serial and parallel, float32 and float64) takes about a minute
 # of CPU, and 7 minutes of wall time were measured on 2 cores shared with 15 other jobs.
@@ -73,6 +74,7 @@ def cache_dir() -> str:
 # happens after this module is imported: point it at the per-user directory now.
 numba.config.CACHE_DIR = cache_dir()
 cached.install()  # a kernel loaded from the cache skips the compiler's registries
+locator.install()  # and is found by its contents, wherever the checkout is
 
 
 def jit_enabled() -> bool:
@@ -163,15 +165,17 @@ def node_lock(path: str, timeout: float | None = LOCK_TIMEOUT_S) -> Iterator[boo
 def _stamp_name(parts: list[str], suffix: str) -> str:
     """A file in the cache directory named by the digest of ``parts``."""
     parts = [numba.__version__, sys.version, llvm.get_process_triple(),
-             llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), *parts]
+             llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
+             locator.filed_under(), *parts]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
     return os.path.join(cache_dir(), f"minidp-jit-{digest}{suffix}")
 
 
 def _source(path: str) -> str:
-    """What Numba's cache index keys a kernel file by: its path, size and time."""
+    """What the cache keys a kernel file by: its name and the digest of its contents."""
     status = os.stat(path)
-    return f"{path} {status.st_size} {status.st_mtime_ns}"
+    digest = locator.source_digest(path, status.st_mtime_ns, status.st_size)
+    return f"{os.path.basename(path)} {digest}"
 
 
 def _kernel_files(parallel: bool = False) -> dict[str, list[Callable[[type], None]]]:

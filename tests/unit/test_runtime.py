@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -197,6 +198,8 @@ def test_a_filled_kernel_cache_is_stamped_and_then_loaded_lazily(tmp_path, monke
         assert kernels.calls == [np.float32, np.float64]
         # an edited kernel file is another stamp: the module is filled again, under its lock
         os.utime(source, ns=(0, source.stat().st_mtime_ns + 1))
+        assert jit.cache_stamp() == stamp  # touched, the same contents: the same kernels
+        source.write_text(source.read_text() + "# edited\n")
         assert jit.cache_stamp() != stamp
         monkeypatch.setitem(jit._state, "ready", False)
         with pytest.raises(TimeoutError, match="is still held after 0.3 s"):
@@ -275,6 +278,53 @@ def test_a_cached_kernel_loads_without_the_compilers_registries_and_compiling_st
     got = json.loads(run(CACHED_THEN_COMPILED, MINIDP_NUM_THREADS=str(threads)))
     assert got == {"spread": threads > 1, "equal": True, "registries": False,
                    "secrets": True, "compiled": 5.0, "after": True}
+
+
+# A kernel called in a copy of the package: where its compiled code was found, and how.
+CALLED_IN_A_COPY = """
+import importlib.util, json, os, sys
+import numpy as np
+# the copy's package, ahead of the editable install's finder (which precedes PYTHONPATH)
+copy = os.path.join(os.environ["COPY"], "minidp")
+spec = importlib.util.spec_from_file_location("minidp", os.path.join(copy, "__init__.py"),
+                                              submodule_search_locations=[copy])
+sys.modules["minidp"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sys.modules["minidp"])
+from minidp.kernels import checksum
+checksum._warm(np.float32)
+stats = checksum._checksum_kernel.stats
+print(json.dumps({"file": checksum.__file__, "path": stats.cache_path,
+                  "hits": sum(stats.cache_hits.values()),
+                  "misses": sum(stats.cache_misses.values())}))
+"""
+
+
+def test_a_second_checkout_finds_the_kernels_the_first_compiled_and_an_edit_compiles_again(
+        tmp_path):
+    # Numba names a kernel's cache directory by its source file's directory: every fresh
+    # clone compiled every kernel again (some 90 s of CPU here) until the kernels were
+    # filed by their contents (minidp/kernels/locator.py).
+    from minidp.kernels import jit
+
+    if not jit.jit_enabled():
+        pytest.skip("NUMBA_DISABLE_JIT=1: no kernel cache")
+    package = os.path.dirname(os.path.dirname(jit.__file__))
+    ignore = shutil.ignore_patterns("__pycache__")
+    for day, name in enumerate(("first", "second", "edited")):
+        shutil.copytree(package, tmp_path / name / "minidp", ignore=ignore)
+        for source in (tmp_path / name / "minidp" / "kernels").glob("*.py"):
+            os.utime(source, (86400 * day, 86400 * day))  # as a clone, files of another time
+    edited = tmp_path / "edited" / "minidp" / "kernels" / "checksum.py"
+    edited.write_text(edited.read_text() + "# an edit: these kernels are other kernels\n")
+    got = {name: json.loads(run(CALLED_IN_A_COPY, COPY=str(tmp_path / name),
+                                NUMBA_CACHE_DIR=str(tmp_path / "cache"), MINIDP_NUM_THREADS="1"))
+           for name in ("first", "second", "edited")}
+    for name, seen in got.items():
+        assert seen["file"].startswith(str(tmp_path / name)), seen  # the copy ran, not this one
+        assert seen["path"] == str(tmp_path / "cache" / "minidp-kernels"), seen
+    assert (got["first"]["hits"], got["second"]["misses"]) == (0, 0), got
+    assert got["first"]["misses"] > 0 and got["second"]["hits"] > 0, got
+    assert (got["edited"]["hits"], got["edited"]["misses"] > 0) == (0, True), got
 
 
 # Two kernel modules whose warm-ups each wait for the other's to have begun: only two
