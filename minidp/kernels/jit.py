@@ -173,9 +173,7 @@ def _stamp_name(parts: list[str], suffix: str) -> str:
 
 def _source(path: str) -> str:
     """What the cache keys a kernel file by: its name and the digest of its contents."""
-    status = os.stat(path)
-    digest = locator.source_digest(path, status.st_mtime_ns, status.st_size)
-    return f"{os.path.basename(path)} {digest}"
+    return f"{os.path.basename(path)} {locator.source_digest(path)}"
 
 
 def _kernel_files(parallel: bool = False) -> dict[str, list[Callable[[type], None]]]:

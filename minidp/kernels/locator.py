@@ -55,8 +55,7 @@ class KernelLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator
 
     def get_source_stamp(self) -> str:
         """The digest of the kernel file's contents (its entries are stale once it differs)."""
-        status = os.stat(self._py_file)
-        return source_digest(self._py_file, status.st_mtime_ns, status.st_size)
+        return source_digest(self._py_file)
 
     @classmethod
     def from_function(cls, py_func: Any, py_file: str) -> KernelLocator | None:
@@ -66,9 +65,15 @@ class KernelLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator
         return super().from_function(py_func, py_file)
 
 
+def source_digest(path: str) -> str:
+    """SHA-256 of the file at ``path``, read again only once its time or size changes."""
+    status = os.stat(path)
+    return _digest(path, status.st_mtime_ns, status.st_size)
+
+
 @functools.lru_cache(maxsize=None)
-def source_digest(path: str, mtime_ns: int, size: int) -> str:
-    """SHA-256 of the file at ``path``, read once per (modification time, size)."""
+def _digest(path: str, mtime_ns: int, size: int) -> str:
+    """The digest of one version of a file: the time and size are the cache's key."""
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
 
