@@ -28,6 +28,9 @@ gradient of the first layer; the Winograd layers counted as direct convolutions)
 the best rate of a large float32 GEMM (``np.matmul``, 2048 x 2048, best of 5) measured at
 the same thread count in the same run. ``limit`` is that time; each framework's
 fraction is limit / its step (1 would be a step that only multiplies, at peak rate).
+Below the rate, the kernels the BLAS runs (:func:`minidp.kernels.blas.blas_info`): the rate is
+theirs, and a variable that pins them narrower than the CPU (``OPENBLAS_CORETYPE``) is
+named; PyTorch's convolutions do not go through that BLAS.
 
 Beside each (unless ``--no-memory``), the peak resident set of one training step at one
 thread, measured the same way for both: a fresh process per framework imports only that
@@ -120,7 +123,7 @@ import numpy as np  # noqa: E402
 from minidp import Tensor, backend, layers, no_grad, threads  # noqa: E402
 from minidp import functional as F  # noqa: E402
 from minidp.autograd import ops  # noqa: E402
-from minidp.kernels import ensure_compiled  # noqa: E402
+from minidp.kernels import blas, ensure_compiled  # noqa: E402
 from minidp.optim import SGD  # noqa: E402
 
 CASES = [("mlp", 128, (1, 28, 28)), ("lenet5", 64, (1, 28, 28)),
@@ -392,7 +395,13 @@ def main():
     common.print_table(headers, rows)
     if limit_rows:
         print("\nGEMM-bound limit: peak float32 GEMM rate "
-              + ", ".join(f"{peaks[t]:.0f} GFLOP/s at {t} thread(s)" for t in counts) + "\n")
+              + ", ".join(f"{peaks[t]:.0f} GFLOP/s at {t} thread(s)" for t in counts))
+        # the rate is that of the kernels the BLAS runs, which a variable may have pinned
+        for lib in blas.blas_info():
+            print(f"BLAS: {lib['library']} {lib['version']}, {lib['kernels']} kernels"
+                  f"{' (' + lib['pinned_by'] + ')' if lib['pinned_by'] else ''}"
+                  f"{': ' + lib['note'] if 'note' in lib else ''}")
+        print()
         limit_headers = ["model", "GFLOP/step"]
         for t in counts:
             limit_headers += [f"limit {t}t ms"] + [f"{fw} {t}t fraction" for fw in frameworks]

@@ -1,6 +1,6 @@
 """Command line: ``python -m minidp train|info|data|report|compare|simulate|replay``.
 
-``train`` one distributed run; ``info`` versions, MPI, backend, threads; ``data prepare``
+``train`` one distributed run; ``info`` versions, MPI, backend, threads, BLAS; ``data prepare``
 a dataset's files; ``report`` report.md and plots of run directories; ``compare`` several
 strategies trained alike, then reported; ``simulate`` epoch times predicted at cluster
 scale; ``replay`` an asynchronous run re-executed and compared with its model.
@@ -60,7 +60,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def info(_: argparse.Namespace) -> int:
-    """Print versions, MPI library, this rank's host, the job's machines, backend, threads.
+    """Print versions, MPI library, this rank's host, the job's machines, backend, threads, BLAS.
 
     Under ``mpiexec`` every rank prints; ``machines`` (collective) lists MPI's
     shared-memory nodes of the job with their hosts and ranks: the nodes a run without
@@ -72,6 +72,7 @@ def info(_: argparse.Namespace) -> int:
     from minidp import threads
     from minidp.comm import mpi_library, versions
     from minidp.comm.topology import machines
+    from minidp.kernels import blas
     from minidp.run import environment
 
     report = {
@@ -82,6 +83,7 @@ def info(_: argparse.Namespace) -> int:
         "host": MPI.Get_processor_name(), "machines": machines(MPI.COMM_WORLD),
         "backend": minidp.backend.describe(),
         "gpu": minidp.backend.gpu_info(), "threads": threads.thread_info(),
+        "blas": blas.blas_info(),
     }
     try:
         environment.check()
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = Parser(prog="python -m minidp", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, MPI, backend, threads").set_defaults(run=info)
+    sub.add_parser("info", help="versions, MPI, backend, threads, BLAS").set_defaults(run=info)
     from minidp.run.flags import build_parser
 
     train_parser = sub.add_parser("train", help="train a model with a distributed strategy")

@@ -41,6 +41,10 @@ ENVIRONMENT = {
     "their idle threads sleep at once instead of spinning on the core that the rank's next "
     "parallel kernel needs (a program that imports NumPy or PyTorch before minidp keeps "
     "their defaults; PyTorch imported after minidp shares its OpenMP and the setting)",
+    "OPENBLAS_CORETYPE": "read, never set: `python -m minidp info` (`\"blas\"`) names the "
+    "kernels OpenBLAS runs and says when this variable pins them to a type without the "
+    "AVX-512 that the CPU has (half the GEMM rate on one such CPU, docs/benchmarks.md); "
+    "your setting is kept, since it decides the BLAS's bits",
     "MINIDP_THREAD_DEFAULTS": "written by minidp, not by you: the thread variables it filled "
     "in, so that a child process can tell them from yours",
     "MINIDP_BACKEND": "`numpy` (default) or `cupy`: the array backend (`cupy` trains on the "
