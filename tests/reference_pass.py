@@ -29,7 +29,7 @@ KERNEL_FREE = frozenset(f"tests/unit/test_{name}.py" for name in (
     "guard_scan", "ignored_flags", "moved", "mutants_list", "read_the_code", "real_hosts",
     "reliability_table", "replay_rules", "reports", "rules_by_hand", "rundir",
     "schedules_pinned", "sequence", "serving_order", "signals", "simulate_elastic",
-    "strategy_facts", "tensor_and_errors", "trace", "wire", "collector"))
+    "strategy_facts", "tensor_and_errors", "trace", "wire", "collector", "hand_over"))
 
 
 def reference_pass() -> bool:

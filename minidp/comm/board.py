@@ -27,6 +27,21 @@ LEFT, WAITING, GAVE_UP = 0, 1, 2
 STATES = {LEFT: "last in", WAITING: "waiting in", GAVE_UP: "gave up in"}
 RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("pid", "i8"),
                     ("label", "S96")])
+# How :meth:`StatusBoard.absent` describes a running rank that waits in another call.
+BLOCKED_ELSEWHERE = f": never arrived ({STATES[WAITING]} "
+
+
+def blind(details: list[str]) -> bool:
+    """Whether the descriptions of the missing ranks name no culprit that this rank sees.
+
+    So when some missing rank is on another node, and every missing rank of this node
+    is running and waits in a call of its own: blocked, as this rank is, by a rank
+    elsewhere (rank 1 waits for rank 0, which waits for a rank stopped on the other
+    host). A rank of that node sees the cause; a stopped or gone rank here is the cause.
+    """
+    remote = [line for line in details if line.endswith(NOT_VISIBLE)]
+    return bool(remote) and all(line in remote or BLOCKED_ELSEWHERE in line
+                                for line in details)
 
 
 class StatusBoard:

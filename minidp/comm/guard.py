@@ -42,11 +42,11 @@ from typing import Any, TypeVar
 import numpy as np
 from mpi4py import MPI
 
-from minidp.comm.board import NOT_VISIBLE, RECORD, StatusBoard
+from minidp.comm.board import RECORD, StatusBoard, blind
 
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
 MIN_TIMEOUT_S = 1.0  # of MINIDP_COMM_TIMEOUT: shorter cannot cover the ranks' start-up skew
-HAND_OVER_S = 2.0  # a timed-out rank blind to the missing ones waits this before ending
+HAND_OVER_S = 2.0  # a timed-out rank blind to the cause (board.blind) waits this before ending
 NAP_S = 1e-4  # one sleep between polls, when ranks outnumber cores (set_oversubscribed)
 ABORT_GRACE_S = 0.5  # before MPI_Abort, for the launcher to forward this rank's output
 _ROLL_CALL_TAG = 7399  # point-to-point on the world, before any other minidp message
@@ -252,8 +252,12 @@ def _blocked(label: str, count: int, members: list[int], rank: int) -> None:
 
 
 def _hand_over(details: list[str]) -> None:
-    """Blind to every missing rank, let one on their node (it sees a stop) end the job."""
-    if details and all(line.endswith(NOT_VISIBLE) for line in details):
+    """Blind to the cause, let a rank of another node that sees it end the job first.
+
+    The first process to end ends the job (:func:`~minidp.comm.board.blind` says when
+    this rank sees no cause).
+    """
+    if blind(details):
         time.sleep(HAND_OVER_S)
 
 
