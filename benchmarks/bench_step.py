@@ -398,9 +398,10 @@ def main():
               + ", ".join(f"{peaks[t]:.0f} GFLOP/s at {t} thread(s)" for t in counts))
         # the rate is that of the kernels the BLAS runs, which a variable may have pinned
         for lib in blas.blas_info():
+            pinned = f" ({lib['pinned_by']})" if lib["pinned_by"] else ""
+            note = f": {lib['note']}" if "note" in lib else ""
             print(f"BLAS: {lib['library']} {lib['version']}, {lib['kernels']} kernels"
-                  f"{' (' + lib['pinned_by'] + ')' if lib['pinned_by'] else ''}"
-                  f"{': ' + lib['note'] if 'note' in lib else ''}")
+                  f"{pinned}{note}")
         print()
         limit_headers = ["model", "GFLOP/step"]
         for t in counts:

@@ -27,8 +27,9 @@ LEFT, WAITING, GAVE_UP = 0, 1, 2
 STATES = {LEFT: "last in", WAITING: "waiting in", GAVE_UP: "gave up in"}
 RECORD = np.dtype([("waiting", "i8"), ("count", "i8"), ("since", "f8"), ("pid", "i8"),
                     ("label", "S96")])
+NEVER_ARRIVED = "never arrived"  # a missing rank that runs (StatusBoard.absent)
 # How :meth:`StatusBoard.absent` describes a running rank that waits in another call.
-BLOCKED_ELSEWHERE = f": never arrived ({STATES[WAITING]} "
+BLOCKED_ELSEWHERE = f": {NEVER_ARRIVED} ({STATES[WAITING]} "
 
 
 def blind(details: list[str]) -> bool:
@@ -125,7 +126,7 @@ class StatusBoard:
                 continue
             state = STATES[int(rec["waiting"])]
             # A stopped process (SIGSTOP, a debugger) may be stopped inside this very call.
-            what = f"process {rec['pid']} {halted}" if halted else "never arrived"
+            what = f"process {rec['pid']} {halted}" if halted else NEVER_ARRIVED
             lines.append(f"rank {world_rank}: {what} ({state} {there!r} #{rec['count']}, "
                          f"{max(0.0, now - rec['since']):.1f} s ago)")
         return lines

@@ -31,12 +31,10 @@ def cpu_flags() -> frozenset[str]:
     """
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+            lines = [line for line in f if line.startswith("flags")]
     except OSError:
-        pass
-    return frozenset()
+        return frozenset()
+    return frozenset(lines[0].split(":", 1)[1].split()) if lines else frozenset()
 
 
 def narrower_than_cpu(kernels: str | None, flags: frozenset[str],
