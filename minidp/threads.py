@@ -239,6 +239,29 @@ def blas_single_threaded() -> Iterator[None]:
             lib.set_num_threads(_in_force["threads"])
 
 
+# Below this many FLOPs (2 per multiply-add) a product outside a region runs on one BLAS
+# thread even when the rank has more. Waking OpenBLAS's sleeping worker (IDLE_WAIT) costs
+# more than a second thread saves on a small product: measured between 0.2 ms of other
+# work, as in a step, on 2 cores (docs/benchmarks.md), LeNet-5's fully connected products
+# (1.3-6.1 MFLOP) took 1.2-3.3 times as long on 2 threads as on 1, while its convolution's
+# 15 MFLOP products and the MLP's 34-103 MFLOP ones ran 1.05-1.86 times faster.
+GEMM_THREADS_MIN_FLOPS = 10 * 10**6
+
+
+@contextlib.contextmanager
+def blas_threads_for(flops: int) -> Iterator[None]:
+    """BLAS on one thread inside for a product of fewer than :data:`GEMM_THREADS_MIN_FLOPS`.
+
+    Nothing changes on one thread or for a product large enough for every thread. For
+    the products outside a region (a region's own run on one thread throughout).
+    """
+    if _in_force["threads"] == 1 or flops >= GEMM_THREADS_MIN_FLOPS:
+        yield
+        return
+    with blas_single_threaded():
+        yield
+
+
 def thread_info() -> dict:
     """Describe the thread pools in effect (for ``python -m minidp info``)."""
     import numba

@@ -128,6 +128,9 @@ class Plan:
                  threads: int | None = None) -> None:
         threads = threads_in_force() if threads is None else threads
         step = max(1, min(n, CHUNK_BYTES // max(1, bytes_per_sample))) if chunked else n
+        # a batch too small to split still runs its chunks' small products on one BLAS
+        # thread: BLAS's own threads on them cost more than they save (run)
+        self.one_blas_thread = chunked and threads > 1
         if (not chunked or threads < 2 or n < threads
                 or n * bytes_per_sample < threads * MIN_BYTES_PER_THREAD):
             self.parts = [[(lo, min(n, lo + step)) for lo in range(0, n, step)]]
@@ -154,7 +157,8 @@ class Plan:
         """Call ``work(thread, lo, hi)`` for every chunk; the results in chunk order.
 
         Thread 0 is the caller's; the others are the pool's. Each thread runs its part's
-        chunks in order, with BLAS on one thread while more than one thread runs. An
+        chunks in order, with BLAS on one thread while the plan runs whenever the rank has
+        more than one (its products are per chunk or per sample, small). An
         exception in any thread is raised here once every thread has stopped, so no
         thread still writes into the caller's arrays when it returns.
         """
@@ -165,8 +169,11 @@ class Plan:
             finally:
                 _region.inside = False
 
-        if self.threads == 1:
+        if self.threads == 1 and not self.one_blas_thread:
             return part(0)
+        if self.threads == 1:
+            with blas_single_threaded():
+                return part(0)
         ensure_compiled()  # here, not in two threads at once
         with blas_single_threaded():
             executor = _executor(self.threads - 1)

@@ -265,6 +265,58 @@ def test_plan_runs_each_part_on_its_thread_with_one_thread_blas(small_regions):
         threads.limit_threads(before)
 
 
+def blas_threads():
+    """The thread count of every BLAS library loaded, as threadpoolctl reads it."""
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_a_plan_too_small_to_split_runs_its_products_on_one_blas_thread():
+    before = threads.threads_in_force()
+    try:
+        threads.limit_threads(2)
+        plan = threaded.Plan(4, 10)  # 40 bytes: under MIN_BYTES_PER_THREAD, not split
+        assert plan.threads == 1
+        assert plan.run(lambda thread, lo, hi: blas_threads()) == [[1] * len(blas_threads())]
+        assert blas_threads() == [2] * len(blas_threads())  # restored after the plan
+        threads.limit_threads(1)
+        assert threaded.Plan(4, 10).run(lambda thread, lo, hi: blas_threads()) == [
+            [1] * len(blas_threads())]
+    finally:
+        threads.limit_threads(before)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_small_product_runs_on_one_blas_thread_a_large_one_on_all(count):
+    before = threads.threads_in_force()
+    try:
+        threads.limit_threads(count)
+        small, large = threads.GEMM_THREADS_MIN_FLOPS - 1, threads.GEMM_THREADS_MIN_FLOPS
+        with threads.blas_threads_for(small):
+            inside_small = blas_threads()
+        with threads.blas_threads_for(large):
+            inside_large = blas_threads()
+        assert inside_small == [1] * len(inside_small)
+        assert inside_large == [count] * len(inside_large)
+        assert blas_threads() == [count] * len(inside_large)
+    finally:
+        threads.limit_threads(before)
+
+
+@pytest.mark.parametrize("batch", [3, 64])  # LeNet-5's layer: small products, then large
+def test_linear_on_threads_equals_the_float64_products(at_threads, batch):
+    x, w, b = (rand(shape, np.float32, seed) for shape, seed in
+               (((batch, 400), 41), ((120, 400), 42), ((120,), 43)))
+    g = rand((batch, 120), np.float32, 44)
+    xt, wt, bt = (Tensor(a, requires_grad=True) for a in (x, w, b))
+    out = F.linear(xt, wt, bt)
+    out.backward(g)
+    x64, w64, g64 = (a.astype(np.float64) for a in (x, w, g))
+    for got, want in ((out.data, x64 @ w64.T + b), (xt.grad, g64 @ w64),
+                      (wt.grad, g64.T @ x64), (bt.grad, g64.sum(axis=0))):
+        # float32 sums of up to 400 products: within 1e-5 of the largest element
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_plan_raises_a_threads_error_after_every_thread_stopped(small_regions):
     finished = []
 

@@ -4,7 +4,9 @@
 one Function rather than three, so backward makes exactly the three BLAS calls it
 needs (dx = g @ W, dW = g.T @ x, db = sum(g)) and skips dx when x needs no gradient
 (the input batch). On 2-D inputs the output and dx are computed transposed and come
-out Fortran-ordered (see Linear.forward).
+out Fortran-ordered (see Linear.forward). With several threads per rank, a layer whose
+products are small (LeNet-5's) runs them on one BLAS thread
+(:func:`minidp.threads.blas_threads_for`): a second thread costs it more than it saves.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from minidp.autograd.function import Function, unbroadcast
+from minidp.threads import blas_threads_for
 
 
 def _check_matmul(a: Any, b: Any) -> None:
@@ -64,10 +67,12 @@ class Linear(Function):
         self.x_shape = x.shape
         self.x2 = x.reshape(-1, x.shape[-1])  # (M, in)
         self.w = w
+        self.flops = 2 * self.x2.shape[0] * w.shape[0] * w.shape[1]  # of each product
         # 2-D input: the product as (W x^T)^T, which OpenBLAS runs 10-25% faster on these
         # layers' shapes than x W^T; the result is its Fortran-ordered transpose, which
         # the elementwise ops keep and the next layer's product takes as it is.
-        out = (w @ self.x2.T).T if x.ndim == 2 else self.x2 @ w.T
+        with blas_threads_for(self.flops):
+            out = (w @ self.x2.T).T if x.ndim == 2 else self.x2 @ w.T
         if b is not None:
             out += b
         return out.reshape(x.shape[:-1] + (w.shape[0],))
@@ -76,7 +81,8 @@ class Linear(Function):
         g2 = g.reshape(-1, g.shape[-1])  # (M, out)
         # (W^T g^T)^T, Fortran-ordered like the forward's output: the relu before this
         # layer then takes its gradient and its input in one order, without a copy
-        gx = (self.w.T @ g2.T).T.reshape(self.x_shape) if self.wants(0) else None
-        gw = g2.T @ self.x2 if self.wants(1) else None
+        with blas_threads_for(self.flops):
+            gx = (self.w.T @ g2.T).T.reshape(self.x_shape) if self.wants(0) else None
+            gw = g2.T @ self.x2 if self.wants(1) else None
         gb = g2.sum(axis=0) if self.wants(2) else None
         return gx, gw, gb
