@@ -181,9 +181,9 @@ def test_pooling_kernels_match_reference(dtype, case):
     tol = tolerance(dtype)
     np.testing.assert_allclose(dx, pl.maxpool_backward_reference(g, ref_arg, x.shape), rtol=tol,
                                atol=tol)
-    if k == s:  # tiling windows: one pass writes all of dx, exactly the scatter-add's values
+    if k == s:  # tiling windows: every element of dx written, the scatter-add's values
         tiles = np.full_like(x, np.nan)
-        pl._maxpool_backward_tiles_kernel(g, argmax, k, tiles)
+        pl._maxpool_backward_tiles_kernel(g, argmax, tiles)
         np.testing.assert_array_equal(tiles, dx)
     avg = np.empty_like(out)
     pl._avgpool_forward_kernel(x, k, s, avg)

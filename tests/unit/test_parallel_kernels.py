@@ -160,7 +160,7 @@ def test_pooling_kernels_on_threads(at_threads, case):
     np.testing.assert_array_equal(dx, pl.maxpool_backward_reference(g, argmax, x.shape))
     if s == k:
         tiles = np.full_like(x, np.nan)
-        pl._maxpool_backward_tiles_parallel(g, argmax, k, tiles)
+        pl._maxpool_backward_tiles_parallel(g, argmax, tiles)
         np.testing.assert_array_equal(tiles, dx)
     avg = np.empty_like(out)
     pl._avgpool_forward_parallel(x, k, s, avg)
