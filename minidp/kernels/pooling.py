@@ -3,8 +3,8 @@
 Max pooling keeps, per output, the flat index ``hy*W + wx`` of the first maximum of
 its window (PyTorch's tie rule); backward adds each output gradient at that index,
 so overlapping windows (stride < kernel) accumulate correctly; where windows tile the
-input (stride = kernel) each input gradient takes at most one, stored into a zeroed plane. Average pooling
-spreads each output gradient evenly over its window.
+input (stride = kernel) each input gradient takes at most one, stored into a zeroed
+plane. Average pooling spreads each output gradient evenly over its window.
 
 Every (image, channel) plane is independent: each kernel is a compiled body per plane,
 looped over serially or with ``prange`` over all N*C planes on the rank's threads
