@@ -254,7 +254,7 @@ def maxpool_backward(grad: Any, argmax: Any, x_shape: tuple, k: int, stride: int
         return maxpool_backward_reference(grad, argmax, x_shape)
     ensure_compiled()
     parallel = spread(math.prod(x_shape))
-    if stride == k:  # no overlap: one pass writes all of dx
+    if stride == k:  # no overlap: each element of dx takes at most one gradient
         dx = np.empty(x_shape, dtype=grad.dtype)
         kernel = _maxpool_backward_tiles_parallel if parallel else _maxpool_backward_tiles_kernel
         kernel(np.ascontiguousarray(grad), np.ascontiguousarray(argmax), dx)
