@@ -248,18 +248,15 @@ def blas_single_threaded() -> Iterator[None]:
 GEMM_THREADS_MIN_FLOPS = 10 * 10**6
 
 
-@contextlib.contextmanager
-def blas_threads_for(flops: int) -> Iterator[None]:
+def blas_threads_for(flops: int) -> contextlib.AbstractContextManager:
     """BLAS on one thread inside for a product of fewer than :data:`GEMM_THREADS_MIN_FLOPS`.
 
     Nothing changes on one thread or for a product large enough for every thread. For
     the products outside a region (a region's own run on one thread throughout).
     """
-    if _in_force["threads"] == 1 or flops >= GEMM_THREADS_MIN_FLOPS:
-        yield
-        return
-    with blas_single_threaded():
-        yield
+    if _in_force["threads"] > 1 and flops < GEMM_THREADS_MIN_FLOPS:
+        return blas_single_threaded()
+    return contextlib.nullcontext()
 
 
 def thread_info() -> dict:

@@ -169,9 +169,9 @@ class Plan:
             finally:
                 _region.inside = False
 
-        if self.threads == 1 and not self.one_blas_thread:
-            return part(0)
         if self.threads == 1:
+            if not self.one_blas_thread:
+                return part(0)
             with blas_single_threaded():
                 return part(0)
         ensure_compiled()  # here, not in two threads at once

@@ -244,6 +244,11 @@ def test_plan_cuts_one_threads_chunks_or_equal_parts(small_regions, n, per_sampl
     assert max(sizes) - min(sizes) <= 1
 
 
+def blas_threads():
+    """The thread count of every BLAS library loaded, as threadpoolctl reads it."""
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
 def test_plan_runs_each_part_on_its_thread_with_one_thread_blas(small_regions):
     before = threads.threads_in_force()
     try:
@@ -251,23 +256,17 @@ def test_plan_runs_each_part_on_its_thread_with_one_thread_blas(small_regions):
         plan = threaded.Plan(9, 10, threads=3)
 
         def work(thread, lo, hi):
-            blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-            return thread, lo, hi, blas
+            return thread, lo, hi, blas_threads()
 
         results = plan.run(work)
         assert [(lo, hi) for _, lo, hi, _ in results] == plan.bounds  # chunk order
         for t, part in enumerate(plan.parts):
             assert {r[0] for r in results if (r[1], r[2]) in part} == {t}
         assert all(blas == [1] * len(blas) for *_, blas in results)
-        after = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        after = blas_threads()
         assert after == [3] * len(after)
     finally:
         threads.limit_threads(before)
-
-
-def blas_threads():
-    """The thread count of every BLAS library loaded, as threadpoolctl reads it."""
-    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
 
 
 def test_a_plan_too_small_to_split_runs_its_products_on_one_blas_thread():
