@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 from minidp.backend import array_module
+from minidp.kernels.gemm import NO_TRANS, ROW_MAJOR, TRANS, native
 from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
 
 
@@ -89,6 +90,72 @@ def _sum_taps_kernel(pm, k, out):  # pragma: no cover - compiled
                 s = np.uint64(((i * n_f + f) * n_img + n) * plane + i * w)
                 for q in range(size):
                     dst[d + np.uint64(q)] += src[s + np.uint64(q)]
+
+
+# A chunk of the row-tap convolution (minidp.autograd.ops.rowtap) as one kernel call: the
+# GIL is let go once per chunk instead of once per step of it (minidp.kernels.gemm says
+# why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's matmul calls it for the
+# products rowtap.py writes in Python (the same bits); ``rows`` and ``spare`` a thread's
+# buffers, C-contiguous and of the shapes the steps need.
+
+@numba.njit(cache=True, nogil=True)
+def _product(gemm, trans_a, trans_b, a, b, c):  # pragma: no cover - compiled
+    """C = op(a) @ op(b) of C-contiguous a, b, c: ``x.T`` of NumPy reaches BLAS as x, TRANS."""
+    m, n = c.shape
+    k = a.shape[0] if trans_a == TRANS else a.shape[1]
+    gemm(ROW_MAJOR, trans_a, trans_b, m, n, k, c.dtype.type(1), a.ctypes.data, a.shape[1],
+         b.ctypes.data, b.shape[1], c.dtype.type(0), c.ctypes.data, n)
+
+
+@numba.njit(cache=True, nogil=True)
+def _forward_chunk_kernel(gemm, x, w3, bias, k, rows, spare, out):  # pragma: no cover
+    """Out = sum_taps(W3 @ rows(x)) (+ bias (F,); empty: none) for the chunk x."""
+    _rows_kernel(x, k, rows)
+    _product(gemm, NO_TRANS, NO_TRANS, w3, rows, spare)
+    _sum_taps_kernel(spare, k, out)
+    if bias.size:
+        for n in range(out.shape[0]):
+            for f in range(out.shape[1]):
+                out[n, f] += bias[f]
+
+
+@numba.njit(cache=True, nogil=True)
+def _backward_chunk_kernel(gemm, g, x, w3t, k, rows, spare, want_w,
+                           gx):  # pragma: no cover - compiled
+    """Gx = sum_taps(W3' @ rows(g)) (gx empty: not wanted); dW' = rows(g) @ S(x).T."""
+    _rows_kernel(g, k, rows)
+    if gx.size:
+        _product(gemm, NO_TRANS, NO_TRANS, w3t, rows, spare)
+        _sum_taps_kernel(spare, k, gx)
+    part = np.empty((rows.shape[0] if want_w else 0, spare.shape[0]), g.dtype)
+    if want_w:  # the product's buffer is free again: it takes the shifted copies of x
+        _shifts_kernel(x, k, spare)
+        _product(gemm, NO_TRANS, TRANS, rows, spare, part)
+    return part
+
+
+def forward_chunk(gemm: Any, x: Any, w3: Any, bias: Any, k: int, rows: Any, spare: Any,
+                  out: Any) -> None:
+    """One chunk of the row-tap forward pass in one call (see the kernels above).
+
+    ``x`` (nb, C, H, W) and ``out`` (nb, F, H, W) are the chunk's, ``w3`` is W3 (k*F,
+    C*k), ``bias`` (F,) or None; ``rows`` (C*k, nb*Hp*W) and ``spare`` (k*F, nb*Hp*W)
+    the thread's buffers.
+    """
+    bias = np.empty(0, out.dtype) if bias is None else bias.reshape(out.shape[1])
+    _forward_chunk_kernel(gemm, x, w3, bias, k, rows, spare, out)
+
+
+def backward_chunk(gemm: Any, g: Any, x: Any, w3t: Any, k: int, rows: Any, spare: Any,
+                   want_w: bool, gx: Any) -> Any:
+    """One chunk of the row-tap backward pass; returns dW' (F*k, k*C) or None.
+
+    ``rows`` (F*k, nb*Hp*W) and ``spare`` (k*C, nb*Hp*W) are the thread's buffers; ``gx``
+    the chunk's input gradient to fill, or None.
+    """
+    gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
+    part = _backward_chunk_kernel(gemm, g, x, w3t, k, rows, spare, want_w, gx)
+    return part if want_w else None
 
 
 def rows_reference(x: Any, k: int) -> Any:
@@ -156,3 +223,8 @@ def _warm(dtype: type) -> None:
     _rows_kernel(x, 3, cols)
     _shifts_kernel(x, 3, cols)
     _sum_taps_kernel(cols, 3, x)
+    gemm = native(dtype)
+    if gemm is not None:
+        w3 = np.zeros((3, 3), dtype=dtype)
+        forward_chunk(gemm, x, w3, None, 3, cols, cols.copy(), x.copy())
+        backward_chunk(gemm, x, x, w3, 3, cols, cols.copy(), True, x.copy())

@@ -34,6 +34,7 @@ import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import cuda
+from minidp.kernels.gemm import NO_TRANS, ROW_MAJOR, TRANS, native
 from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
 
 
@@ -129,6 +130,143 @@ def _col2im_kernel(cols, kh, kw, stride, ph, pw, dx):  # pragma: no cover - comp
                             dst[d0 + np.uint64(k) * step] += src[o0 + np.uint64(k)]
 
 
+# A chunk of the im2col convolution (minidp.autograd.ops.conv) as one kernel call: the
+# GIL is let go once per chunk instead of once per step of it (minidp.kernels.gemm says
+# why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's matmul calls it for the
+# products conv.py writes in Python (the same bits); ``cols`` a thread's buffer.
+
+@numba.njit(cache=True, nogil=True)
+def _product(gemm, trans_a, trans_b, a, b, c):  # pragma: no cover - compiled
+    """C = op(a) @ op(b) of C-contiguous a, b, c: ``x.T`` of NumPy reaches BLAS as x, TRANS."""
+    m, n = c.shape
+    k = a.shape[0] if trans_a == TRANS else a.shape[1]
+    gemm(ROW_MAJOR, trans_a, trans_b, m, n, k, c.dtype.type(1), a.ctypes.data, a.shape[1],
+         b.ctypes.data, b.shape[1], c.dtype.type(0), c.ctypes.data, n)
+
+
+@numba.njit(cache=True, nogil=True)
+def _per_sample_products(gemm, a, cols, out):  # pragma: no cover - compiled
+    """out[n] = a @ (sample n's columns): NumPy's matmul of a with ``per_sample(cols)``.
+
+    Sample n's (K, L) block of the (K, nb*L) columns starts at column n*L, its rows nb*L
+    apart: what NumPy passes BLAS for each matrix of that stacked view.
+    """
+    nb, m, length = out.shape
+    src, dst = cols.reshape(-1), out.reshape(-1)
+    for n in range(nb):
+        gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, m, length, a.shape[1], out.dtype.type(1),
+             a.ctypes.data, a.shape[1], src[n * length:].ctypes.data, nb * length,
+             out.dtype.type(0), dst[n * m * length:].ctypes.data, length)
+
+
+@numba.njit(cache=True, nogil=True)
+def _by_channel(a):  # pragma: no cover - compiled
+    """(C, nb*L) copy of a chunk (nb, C, L): conv.py's ``by_channel``."""
+    nb, c, length = a.shape
+    out = np.empty((c, nb * length), a.dtype)
+    for ch in range(c):
+        for n in range(nb):
+            out[ch, n * length:(n + 1) * length] = a[n, ch]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _forward_chunk_kernel(gemm, x, w2, bias, kh, kw, stride, ph, pw, cols,
+                          out):  # pragma: no cover - compiled
+    """Out (nb, F, OH*OW) = w2 @ im2col(x) per sample, plus bias (F,) (empty: none)."""
+    _im2col_kernel(x, kh, kw, stride, ph, pw, cols)
+    _per_sample_products(gemm, w2, cols, out)
+    if bias.size:
+        for n in range(out.shape[0]):
+            for f in range(out.shape[1]):
+                out[n, f] += bias[f]
+
+
+@numba.njit(cache=True, nogil=True)
+def _backward_chunk_kernel(gemm, x, g3, w2, kh, kw, stride, ph, pw, cols, want_w,
+                           gx):  # pragma: no cover - compiled
+    """DW' = im2col(x) @ g.T (if ``want_w``; else empty) and gx = col2im(w2.T @ g).
+
+    g3 is the chunk's output gradient (nb, F, OH*OW); gx (nb, C, H, W), empty when the
+    input gradient is not wanted.
+    """
+    g2 = _by_channel(g3)
+    part = np.empty((cols.shape[0] if want_w else 0, g2.shape[0]), g3.dtype)
+    if want_w:
+        _im2col_kernel(x, kh, kw, stride, ph, pw, cols)
+        _product(gemm, NO_TRANS, TRANS, cols, g2, part)
+    if gx.size:
+        taps = np.empty((w2.shape[1], g2.shape[1]), g3.dtype)
+        _product(gemm, TRANS, NO_TRANS, w2, g2, taps)
+        _col2im_kernel(taps, kh, kw, stride, ph, pw, gx)
+    return part
+
+
+@numba.njit(cache=True, nogil=True)
+def _transposed_chunk_kernel(gemm, g, x3, wt, kh, kw, ph, pw, cols, want_w,
+                             gx3):  # pragma: no cover - compiled
+    """Gx (nb, C, H*W) = wt @ im2col(g) per sample; dW' = im2col(g) @ x.T if ``want_w``."""
+    _im2col_kernel(g, kh, kw, 1, ph, pw, cols)
+    _per_sample_products(gemm, wt, cols, gx3)
+    xc = _by_channel(x3) if want_w else np.empty((0, cols.shape[1]), x3.dtype)
+    part = np.empty((cols.shape[0] if want_w else 0, xc.shape[0]), g.dtype)
+    if want_w:
+        _product(gemm, NO_TRANS, TRANS, cols, xc, part)
+    return part
+
+
+def forward_chunk(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, cols: Any,
+                  out: Any) -> None:
+    """One chunk of the im2col forward pass in one call (see the kernels above).
+
+    Args:
+        gemm: :func:`minidp.kernels.gemm.native` for the dtype.
+        x: the chunk's samples (nb, C, H, W), C-contiguous.
+        w2: the weight as (F, C*kh*kw), C-contiguous.
+        bias: (F,) or None.
+        geometry: (kh, kw, stride, ph, pw).
+        cols: a buffer of at least C*kh*kw * nb*OH*OW elements.
+        out: the chunk's output (nb, F, OH, OW), C-contiguous.
+    """
+    nb, f = out.shape[0], out.shape[1]
+    rows, length = w2.shape[1], out.shape[2] * out.shape[3]
+    bias = np.empty(0, out.dtype) if bias is None else bias.reshape(f)
+    _forward_chunk_kernel(gemm, x, w2, bias, *geometry, cols[:rows * nb * length].reshape(
+        rows, nb * length), out.reshape(nb, f, length))
+
+
+def backward_chunk(gemm: Any, x: Any, g: Any, w2: Any, geometry: tuple, cols: Any,
+                   want_w: bool, gx: Any) -> Any:
+    """One chunk of the unfolded backward pass; returns dW' (C*kh*kw, F) or None.
+
+    ``g`` is the chunk's output gradient (nb, F, OH, OW); ``gx`` the chunk's input
+    gradient to fill, or None.
+    """
+    nb, f = g.shape[0], g.shape[1]
+    rows, length = w2.shape[1], g.shape[2] * g.shape[3]
+    gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
+    part = _backward_chunk_kernel(gemm, x, g.reshape(nb, f, length), w2, *geometry,
+                                  cols[:rows * nb * length].reshape(rows, nb * length),
+                                  want_w, gx)
+    return part if want_w else None
+
+
+def transposed_chunk(gemm: Any, g: Any, x: Any, wt: Any, geometry: tuple, cols: Any,
+                     want_w: bool, gx: Any) -> Any:
+    """One chunk of the transposed backward pass (stride 1); returns dW' or None.
+
+    ``g`` is the chunk's output gradient (nb, F, H, W), ``x`` its input (nb, C, H, W),
+    ``wt`` the flipped, transposed weight (C, F*kh*kw); geometry (kh, kw, ph, pw) of the
+    unfolding of g; ``gx`` the chunk's input gradient (nb, C, H, W) to fill.
+    """
+    nb, c = x.shape[0], x.shape[1]
+    rows, length = wt.shape[1], x.shape[2] * x.shape[3]
+    part = _transposed_chunk_kernel(gemm, g, x.reshape(nb, c, length), wt, *geometry,
+                                    cols[:rows * nb * length].reshape(rows, nb * length),
+                                    want_w, gx.reshape(nb, c, length))
+    return part if want_w else None
+
+
 def _windows(x: Any, kh: int, kw: int, stride: int, ph: int, pw: int) -> Any:
     """Strided view (C, kh, kw, N, OH, OW) of the zero-padded x."""
     xp = array_module(x)
@@ -204,3 +342,10 @@ def _warm(dtype: type) -> None:
     cols = np.empty((4, 4), dtype=dtype)
     _im2col_kernel(x, 2, 2, 1, 0, 0, cols)
     _col2im_kernel(cols, 2, 2, 1, 0, 0, x)
+    gemm = native(dtype)
+    if gemm is not None:
+        w2, out = np.zeros((1, 4), dtype=dtype), np.empty((1, 1, 2, 2), dtype=dtype)
+        forward_chunk(gemm, x, w2, None, (2, 2, 1, 0, 0), cols.reshape(-1), out)
+        backward_chunk(gemm, x, out, w2, (2, 2, 1, 0, 0), cols.reshape(-1), True, x.copy())
+        wt = np.zeros((1, 1), dtype=dtype)
+        transposed_chunk(gemm, out, out, wt, (1, 1, 0, 0), cols.reshape(-1), True, out.copy())

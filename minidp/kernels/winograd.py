@@ -36,6 +36,7 @@ import numba
 import numpy as np
 
 from minidp.backend import array_module
+from minidp.kernels.gemm import NO_TRANS, ROW_MAJOR, TRANS, native
 from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
 
 # Y = A^T M A, V = B^T d B, U = G w G^T
@@ -216,6 +217,79 @@ def _input_grad_kernel(dv, dx):  # pragma: no cover - compiled
 PLANE_PAD = 16  # elements between planes: see the module docstring
 
 
+# A chunk of the Winograd convolution (minidp.autograd.ops.winograd) as one kernel call:
+# the GIL is let go once per chunk instead of once per step of it (minidp.kernels.gemm
+# says why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's stacked matmul calls it
+# for the products winograd.py writes in Python (the same bits): once per plane.
+
+@numba.njit(cache=True, nogil=True)
+def _plane_products(gemm, trans_a, trans_b, m, n, k, a, lda, b, ldb, c,
+                    ldc):  # pragma: no cover - compiled
+    """c[p] = op(a[p]) @ op(b[p]) for the 16 planes p, each row-major from its start.
+
+    ``a``, ``b``, ``c`` are (16, ...) arrays: plane buffers or (16, rows, columns) ones.
+    """
+    for p in range(16):
+        gemm(ROW_MAJOR, trans_a, trans_b, m, n, k, c.dtype.type(1), a[p].ctypes.data, lda,
+             b[p].ctypes.data, ldb, c.dtype.type(0), c[p].ctypes.data, ldc)
+
+
+@numba.njit(cache=True, nogil=True)
+def _forward_chunk_kernel(gemm, x, u, bias, m, out):  # pragma: no cover - compiled
+    """V = B^T x B (returned), M = U @ V, out = A^T M A (+ bias (F,); empty: none)."""
+    n, c, h, w = x.shape
+    f = u.shape[1]
+    count = n * ((h + 1) // 2) * ((w + 1) // 2)
+    v = np.empty((16, c * count + PLANE_PAD), x.dtype)
+    _input_kernel(x, v)
+    _plane_products(gemm, NO_TRANS, NO_TRANS, f, count, c, u, c, v, count, m, count)
+    _output_kernel(m, out)
+    if bias.size:
+        for i in range(n):
+            for ch in range(f):
+                out[i, ch] += bias[ch]
+    return v
+
+
+@numba.njit(cache=True, nogil=True)
+def _backward_chunk_kernel(gemm, g, u, v, dm, dv, want_w, gx):  # pragma: no cover - compiled
+    """DM = A g A^T; gx = B (U^T @ dM) B^T (gx empty: not wanted); dU part = V @ dM^T."""
+    n, f, h, w = g.shape
+    c = u.shape[2]
+    count = n * ((h + 1) // 2) * ((w + 1) // 2)
+    _output_grad_kernel(g, dm)
+    if gx.size:
+        _plane_products(gemm, TRANS, NO_TRANS, c, count, f, u, c, dm, count, dv, count)
+        _input_grad_kernel(dv, gx)
+    part = np.empty((16 if want_w else 0, c, f), g.dtype)
+    if want_w:
+        _plane_products(gemm, NO_TRANS, TRANS, c, f, count, v, count, dm, count, part, f)
+    return part
+
+
+def forward_chunk(gemm: Any, x: Any, u: Any, bias: Any, m: Any, out: Any) -> Any:
+    """One chunk of the Winograd forward pass in one call; returns its planes V.
+
+    ``x`` (nb, C, H, W) and ``out`` (nb, F, H, W) are the chunk's, ``u`` is U (16, F, C),
+    ``bias`` (F,) or None, ``m`` the thread's plane buffer for M.
+    """
+    bias = np.empty(0, out.dtype) if bias is None else bias.reshape(out.shape[1])
+    return _forward_chunk_kernel(gemm, x, u, bias, m, out)
+
+
+def backward_chunk(gemm: Any, g: Any, u: Any, v: Any, dm: Any, dv: Any, want_w: bool,
+                   gx: Any) -> Any:
+    """One chunk of the Winograd backward pass; returns its part of dU (16, C, F) or None.
+
+    ``g`` is the chunk's output gradient, ``u`` U (16, F, C) (not transposed), ``v`` the
+    chunk's planes from the forward pass, ``dm`` and ``dv`` the thread's plane buffers,
+    ``gx`` the chunk's input gradient to fill, or None.
+    """
+    gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
+    part = _backward_chunk_kernel(gemm, g, u, v, dm, dv, want_w, gx)
+    return part if want_w else None
+
+
 def plane_buffer(channels: int, count: int, dtype: Any, xp: Any = np) -> Any:
     """An empty (16, channels*count + PLANE_PAD) buffer of transformed tiles."""
     return xp.empty((16, channels * count + PLANE_PAD), dtype=dtype)
@@ -341,3 +415,8 @@ def _warm(dtype: type) -> None:
     _output_kernel(buffer, x)
     _output_grad_kernel(x, buffer)
     _input_grad_kernel(buffer, x)
+    gemm = native(dtype)
+    if gemm is not None:
+        u = np.zeros((16, 1, 1), dtype=dtype)
+        v = forward_chunk(gemm, x, u, None, plane_buffer(1, 1, dtype), x.copy())
+        backward_chunk(gemm, x, u, v, buffer, plane_buffer(1, 1, dtype), True, x.copy())

@@ -28,9 +28,10 @@ from minidp.autograd.ops import rowtap, winograd
 from minidp.kernels import batchnorm as bn
 from minidp.kernels import checksum as ck
 from minidp.kernels import elementwise as ew
+from minidp.kernels import gemm, taps, threaded, unfold
 from minidp.kernels import pooling as pl
 from minidp.kernels import reduce as rd
-from minidp.kernels import threaded
+from minidp.kernels import winograd as wg
 from minidp.kernels.jit import use_kernels
 
 # the counts this process can run (the last test runs 3 in a child where Numba has fewer)
@@ -384,6 +385,65 @@ def test_convolution_regions_on_threads(at_threads, small_regions, engine, x_sha
                                                                           stride, pad)
     for a, c in zip(first, second):
         np.testing.assert_array_equal(a, c)  # bit-identical from run to run
+
+
+# each engine's chunk functions that run a whole chunk in one kernel call
+ONE_CALL = {"winograd": (wg, ("forward_chunk", "backward_chunk")),
+            "rowtap": (taps, ("forward_chunk", "backward_chunk")),
+            "unfold, transposed backward": (unfold, ("forward_chunk", "transposed_chunk")),
+            "unfold, col2im backward": (unfold, ("forward_chunk", "backward_chunk"))}
+
+
+def test_numpys_own_gemm_is_found_for_the_kernels():
+    # NumPy's BLAS here (its wheel's OpenBLAS, or MKL) has cblas_?gemm: were it not found,
+    # every chunk would quietly run its Python steps instead
+    apis = {lib["internal_api"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+    assert apis & {"openblas", "mkl"}, apis
+    for dtype in (np.float32, np.float64):
+        assert gemm.native(dtype) is not None
+    assert gemm.native(np.int32) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("engine,x_shape,w_shape,stride,pad", CONV_CASES,
+                         ids=[c[0] for c in CONV_CASES])
+def test_one_call_chunks_give_the_bits_of_numpys_matmul(at_threads, small_regions, monkeypatch,
+                                                        dtype, engine, x_shape, w_shape,
+                                                        stride, pad):
+    if not use_kernels(np.zeros(1)):
+        pytest.skip("off the kernels every chunk is NumPy's")
+    x, w, b = rand(x_shape, dtype, 27), rand(w_shape, dtype, 28), rand(w_shape[0], dtype, 29)
+    oh = (x_shape[2] + 2 * pad - w_shape[2]) // stride + 1
+    ow = (x_shape[3] + 2 * pad - w_shape[3]) // stride + 1
+    g = rand((x_shape[0], w_shape[0], oh, ow), dtype, 30)
+    module, names = ONE_CALL[engine]
+    calls = []
+    for name in names:  # count the one-call chunks, so that the test sees them run
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name: (
+            calls.append(name), real(*a))[1])
+    one_call = conv_step(x, w, b, g, stride, pad)
+    chunks = len(conv_op.plan(x, 1).bounds)
+    assert sorted(set(calls)) == sorted(names) and len(calls) >= 2 * chunks, calls
+    # the same steps in Python: NumPy's matmul on the same kernels' unfoldings
+    monkeypatch.setattr(gemm, "native", lambda dtype: None)
+    calls.clear()
+    for got, want in zip(one_call, conv_step(x, w, b, g, stride, pad)):
+        np.testing.assert_array_equal(got, want)
+    assert calls == []
+
+
+def test_a_product_with_a_side_of_one_or_two_dtypes_stays_in_python():
+    a32, a64 = np.zeros((2, 2), np.float32), np.zeros((2, 2))
+    assert gemm.one_call_gemm([a32, a32], (2, 3, 4)) is gemm.native(np.float32)
+    assert gemm.one_call_gemm([a32, a32], (2, 1, 4)) is None  # NumPy multiplies by gemv
+    assert gemm.one_call_gemm([a32, a64], (2, 3, 4)) is None
+    # a single filter: the Python steps, still the textbook's result
+    x, w, b = rand((3, 2, 6, 6), np.float64, 31), rand((1, 2, 3, 3), np.float64, 32), rand(
+        1, np.float64, 33)
+    g = rand((3, 1, 6, 6), np.float64, 34)
+    for got, want in zip(conv_step(x, w, b, g, 1, 1), direct_conv(x, w, b, g, 1, 1)):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
 def lenet_gradients(x, y):

@@ -46,6 +46,8 @@ from minidp.autograd.function import Function
 from minidp.autograd.ops import rowtap, winograd
 from minidp.backend import array_module
 from minidp.kernels import col2im, im2col, output_size, use_kernels
+from minidp.kernels import unfold as unfold_chunk
+from minidp.kernels.gemm import one_call_gemm
 from minidp.kernels.threaded import Plan, fold
 
 
@@ -126,6 +128,12 @@ class Unfolder:
             out = buffer[:self.rows * (hi - lo) * self.size].reshape(self.rows, -1)
         return im2col(self.a[lo:hi], *self.geometry, out=out)
 
+    def scratch(self, thread: int, lo: int, hi: int) -> Any:
+        """A flat array for the columns of samples lo..hi: ``thread``'s buffer, or a new one."""
+        if self.buffers is not None:
+            return self.buffers[thread]
+        return array_module(self.a).empty(self.rows * (hi - lo) * self.size, dtype=self.a.dtype)
+
 
 class Conv2d(Function):
     """Cross-correlation of (N, C, H, W) with (F, C, kh, kw), plus an optional bias."""
@@ -158,10 +166,16 @@ class Conv2d(Function):
         oh, ow = output_size(h, kh, stride, padding), output_size(wd, kw, stride, padding)
         out = xp.empty((n, f, oh, ow), dtype=xp.result_type(x, w))
         out3 = out.reshape(n, f, oh * ow)
-        w2 = w.reshape(f, -1)
+        w2 = xp.ascontiguousarray(w.reshape(f, -1))
         unfold = Unfolder(x, kh, kw, stride, padding, padding)
+        native = one_call_gemm([x, w2] + ([] if bias is None else [bias]),
+                               (f, oh * ow, w2.shape[1]))
 
         def chunk(thread: int, lo: int, hi: int) -> None:
+            if native is not None:  # the same steps as below, in one kernel call
+                unfold_chunk.forward_chunk(native, x[lo:hi], w2, bias, unfold.geometry,
+                                           unfold.scratch(thread, lo, hi), out[lo:hi])
+                return
             xp.matmul(w2, per_sample(unfold.columns(thread, lo, hi), hi - lo), out=out3[lo:hi])
             if bias is not None:
                 out[lo:hi] += bias
@@ -210,8 +224,13 @@ class Conv2d(Function):
         gx = xp.empty(self.x.shape, dtype=g.dtype)
         gx3, x3 = gx.reshape(n, c, h * w), self.x.reshape(n, c, h * w)
         unfold = Unfolder(g, kh, kw, 1, kh - 1 - p, kw - 1 - p)
+        native = one_call_gemm([g, self.x, wt], (c, h * w, f * kh * kw))
 
         def chunk(thread: int, lo: int, hi: int) -> Any:
+            if native is not None:  # the same steps as below, in one kernel call
+                return unfold_chunk.transposed_chunk(
+                    native, g[lo:hi], self.x[lo:hi], wt, (kh, kw, kh - 1 - p, kw - 1 - p),
+                    unfold.scratch(thread, lo, hi), self.wants(1), gx[lo:hi])
             cols = unfold.columns(thread, lo, hi)  # (F*kh*kw, nb*H*W)
             xp.matmul(wt, per_sample(cols, hi - lo), out=gx3[lo:hi])
             return cols @ by_channel(x3[lo:hi]).T if self.wants(1) else None  # (F*kh*kw, C)
@@ -228,11 +247,17 @@ class Conv2d(Function):
         xp = array_module(g)
         kh, kw, stride, p = self.geometry
         n, f, oh, ow = g.shape
-        g3, w2 = g.reshape(n, f, oh * ow), self.w.reshape(f, -1)
+        g3, w2 = g.reshape(n, f, oh * ow), xp.ascontiguousarray(self.w.reshape(f, -1))
         unfold = Unfolder(self.x, kh, kw, stride, p, p)
         gx = xp.empty(self.x.shape, dtype=g.dtype) if self.wants(0) else None
+        native = one_call_gemm([g, self.x, w2], (f, oh * ow, w2.shape[1]))
 
         def chunk(thread: int, lo: int, hi: int) -> Any:
+            if native is not None:  # the same steps as below, in one kernel call
+                return unfold_chunk.backward_chunk(
+                    native, self.x[lo:hi], g[lo:hi], w2, unfold.geometry,
+                    unfold.scratch(thread, lo, hi), self.wants(1),
+                    None if gx is None else gx[lo:hi])
             g2 = by_channel(g3[lo:hi])  # (F, nb*OH*OW)
             part = unfold.columns(thread, lo, hi) @ g2.T if self.wants(1) else None  # (C*kh*kw, F)
             if self.wants(0):

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from minidp.backend import array_module
+from minidp.kernels import taps
+from minidp.kernels.gemm import one_call_gemm
 from minidp.kernels.jit import use_kernels
 from minidp.kernels.taps import row_shifts, sum_taps, tap_rows
 from minidp.kernels.threaded import Plan, fold
@@ -48,7 +52,7 @@ class _Buffers:
     """Reused flat arrays for one thread's chunks of a batch (None off the kernels)."""
 
     def __init__(self, a: Any, rows: tuple, plan: Plan, columns_per_sample: int) -> None:
-        self.rows, self.per_sample = rows, columns_per_sample
+        self.rows, self.per_sample, self.dtype = rows, columns_per_sample, a.dtype
         self.flat = ([array_module(a).empty(r * plan.largest * columns_per_sample, dtype=a.dtype)
                       for r in rows] if use_kernels(a) and len(plan.bounds) > 1 else None)
 
@@ -59,6 +63,13 @@ class _Buffers:
         rows = self.rows[i]
         return self.flat[i][:rows * (hi - lo) * self.per_sample].reshape(rows, -1)
 
+    def scratch(self, i: int, lo: int, hi: int) -> Any:
+        """Array i as :meth:`get` gives it, or a new one where there are no buffers."""
+        got = self.get(i, lo, hi)
+        if got is None:
+            return np.empty((self.rows[i], (hi - lo) * self.per_sample), dtype=self.dtype)
+        return got
+
 
 def forward(x: Any, w: Any, bias: Any, plan: Plan) -> Any:
     """The convolution of x (N, C, H, W) with w (F, C, k, k), padding (k-1)/2 (+ bias)."""
@@ -68,9 +79,14 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> Any:
     w3 = xp.ascontiguousarray(w.transpose(2, 0, 1, 3)).reshape(k * f, c * k)  # (i,f), (c,j)
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
     buffers = [_Buffers(x, (c * k, k * f), plan, (h + k - 1) * wd) for _ in range(plan.threads)]
+    native = one_call_gemm([x, w3] + ([] if bias is None else [bias]), (k * f, c * k))
 
     def chunk(thread: int, lo: int, hi: int) -> None:
         mine = buffers[thread]
+        if native is not None:  # the same steps as below, in one kernel call
+            taps.forward_chunk(native, x[lo:hi], w3, bias, k, mine.scratch(0, lo, hi),
+                               mine.scratch(1, lo, hi), out[lo:hi])
+            return
         rows = tap_rows(x[lo:hi], k, out=mine.get(0, lo, hi))
         sum_taps(xp.matmul(w3, rows, out=mine.get(1, lo, hi)), k, out[lo:hi])
         if bias is not None:
@@ -89,9 +105,14 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, want_x: bool, want_w: bool) -> 
     w3t = xp.ascontiguousarray(flipped.transpose(2, 1, 0, 3)).reshape(k * c, f * k)
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
     buffers = [_Buffers(g, (f * k, k * c), plan, (h + k - 1) * wd) for _ in range(plan.threads)]
+    native = one_call_gemm([g, x, w3t], (k * c, f * k))
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
         mine = buffers[thread]
+        if native is not None:  # the same steps as below, in one kernel call
+            return taps.backward_chunk(native, g[lo:hi], x[lo:hi], w3t, k,
+                                       mine.scratch(0, lo, hi), mine.scratch(1, lo, hi),
+                                       want_w, gx[lo:hi] if want_x else None)
         rows = tap_rows(g[lo:hi], k, out=mine.get(0, lo, hi))  # (F*k, nb*Hp*W)
         if want_x:
             sum_taps(xp.matmul(w3t, rows, out=mine.get(1, lo, hi)), k, gx[lo:hi])

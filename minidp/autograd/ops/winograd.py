@@ -24,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from minidp.backend import array_module
+from minidp.kernels import winograd as kernels
+from minidp.kernels.gemm import one_call_gemm
 from minidp.kernels.jit import use_kernels
 from minidp.kernels.threaded import Plan, fold
 from minidp.kernels.winograd import (
@@ -98,6 +100,11 @@ def _product(a: Any, v: Any, v_channels: int, out_channels: int, count: int,
     return buffer
 
 
+def _fewest_tiles(plan: Plan, per_sample: int) -> int:
+    """Tiles of the plan's smallest chunk: the products' columns, at their fewest."""
+    return per_sample * min(hi - lo for lo, hi in plan.bounds)
+
+
 def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
     """The convolution of x (N, C, H, W) with w (F, C, 3, 3), padding 1: (N, F, H, W).
 
@@ -112,8 +119,13 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
     u = _weight_transform(w)
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
     m_buffers = _buffers(x, f, plan, th * tw)
+    native = one_call_gemm([x, u] + ([] if bias is None else [bias]),
+                           (f, c, _fewest_tiles(plan, th * tw)))
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
+        if native is not None:  # the same steps as below, in one kernel call
+            return kernels.forward_chunk(native, x[lo:hi], u, bias, m_buffers[thread],
+                                         out[lo:hi])
         v = input_transform(x[lo:hi])  # (16, C, T) planes
         m = _product(u, v, c, f, (hi - lo) * th * tw, m_buffers[thread])
         output_transform(m, out[lo:hi])
@@ -135,13 +147,19 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, inputs: list, want_x: bool,
     _, c, h, wd = x.shape
     f = w.shape[0]
     th, tw = tiles(h, wd)
-    ut = _weight_transform(w).transpose(0, 2, 1)  # (16, C, F)
+    u = _weight_transform(w)
+    ut = u.transpose(0, 2, 1)  # (16, C, F)
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
     dm_buffers, dv_buffers = _buffers(g, f, plan, th * tw), _buffers(g, c, plan, th * tw)
     first = {lo: k for k, (lo, _) in enumerate(plan.bounds)}  # a chunk's index in inputs
+    native = one_call_gemm([g, x, u], (f, c, _fewest_tiles(plan, th * tw)))
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
         count, v = (hi - lo) * th * tw, inputs[first[lo]]
+        if native is not None:  # the same steps as below, in one kernel call
+            return kernels.backward_chunk(native, g[lo:hi], u, v, dm_buffers[thread],
+                                          dv_buffers[thread], want_w,
+                                          gx[lo:hi] if want_x else None)
         dm = output_grad(g[lo:hi], out=dm_buffers[thread])
         if want_x:
             input_grad(_product(ut, dm, f, c, count, dv_buffers[thread]), gx[lo:hi])

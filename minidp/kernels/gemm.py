@@ -1,0 +1,95 @@
+"""NumPy's own matrix product, callable from inside a Numba kernel without the GIL.
+
+Why: a convolution's chunk (:mod:`minidp.kernels.threaded`) used to be a few lines of
+Python around three or four kernel calls (unfold, product, fold), each of which lets the
+GIL go and takes it back. With two threads in a region, a thread that comes back from a
+kernel while the other holds the GIL sleeps until it is released, and on a machine whose
+idle cores halt (a virtual machine, where waking a thread costs 50-250 us) those waits
+cost more than the second thread saves: LeNet-5's first convolution's backward took 1.36
+ms on two threads against 1.00 on one. The same chunk as one call that releases the GIL
+once, its products inside, took 0.66-0.78 ms on two threads (docs/benchmarks.md). So the
+conv engines' chunks call the BLAS from inside their kernels, through this module.
+
+The product is the ``cblas_?gemm`` of the library NumPy itself calls for ``matmul``
+(found by threadpoolctl, the one in NumPy's own directory first), called with the
+arguments NumPy's matmul passes for the same operands (row-major; a C-contiguous operand
+untransposed, a transposed view transposed), so a kernel's products have the bits of
+NumPy's. BLAS's thread count applies as for NumPy's calls (a region runs it on one).
+A kernel receives the function as an argument (Numba caches it by its signature, not its
+address) and calls it directly: kernels call compiled functions of their own file only
+(:mod:`.locator`).
+
+Where no such symbol is found (a BLAS with other names), :func:`native` is None and the
+engines keep their chunks in Python around the same kernels: the same bits, slower on
+threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+import numpy as np
+
+from minidp.kernels.jit import use_kernels
+
+# CBLAS's enumerations (cblas.h)
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+
+# (symbol prefix, suffix, integer type): NumPy's wheels ship scipy-openblas with 64-bit
+# integers and prefixed, suffixed names; a system OpenBLAS or MKL has the plain ones.
+_NAMES = (("scipy_", "64_", ctypes.c_int64), ("", "64_", ctypes.c_int64),
+          ("scipy_", "", ctypes.c_int), ("", "", ctypes.c_int))
+
+_found: dict = {}
+
+
+def _bind(library: ctypes.CDLL) -> dict | None:
+    """{dtype: the library's cblas_?gemm, typed} for float32 and float64, or None."""
+    for prefix, suffix, integer in _NAMES:
+        try:
+            functions = {np.dtype(np.float32): getattr(library, f"{prefix}cblas_sgemm{suffix}"),
+                         np.dtype(np.float64): getattr(library, f"{prefix}cblas_dgemm{suffix}")}
+        except AttributeError:
+            continue
+        for dtype, function in functions.items():
+            scalar = ctypes.c_float if dtype == np.float32 else ctypes.c_double
+            pointer = ctypes.c_void_p
+            function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer,
+                                 integer, scalar, pointer, integer, pointer, integer, scalar,
+                                 pointer, integer]
+            function.restype = None
+        return functions
+    return None
+
+
+def _libraries() -> list[str]:
+    """The BLAS libraries loaded in this process, NumPy's own (in its directory) first."""
+    from threadpoolctl import ThreadpoolController
+
+    paths = [lib.filepath for lib in ThreadpoolController().select(user_api="blas").lib_controllers]
+    numpy_dir = os.path.dirname(os.path.abspath(np.__file__))  # its wheel's libraries: beside it
+    return sorted(paths, key=lambda path: not os.path.abspath(path).startswith(numpy_dir))
+
+
+def native(dtype: Any) -> Any:
+    """The ctypes ``cblas_?gemm`` for ``dtype`` (float32, float64), or None (see above)."""
+    if "functions" not in _found:
+        np.ones((2, 2)) @ np.ones((2, 2))  # NumPy loads its BLAS at the first product
+        _found["functions"] = next(
+            (f for f in (_bind(ctypes.CDLL(path)) for path in _libraries()) if f), {})
+    return _found["functions"].get(np.dtype(dtype))
+
+
+def one_call_gemm(arrays: list, sizes: tuple) -> Any:
+    """NumPy's cblas_?gemm when a chunk can run as one kernel call, else None.
+
+    It can on the Numba kernels, with every array of one floating dtype and that dtype's
+    product found (:func:`native`), and no dimension of the chunk's products
+    (``sizes``) of 1: NumPy multiplies a vector by gemv, whose bits are not gemm's.
+    """
+    dtypes = {a.dtype for a in arrays}
+    if not use_kernels(*arrays) or len(dtypes) != 1 or min(sizes) < 2:
+        return None
+    return native(dtypes.pop())
