@@ -5,10 +5,12 @@ Python around three or four kernel calls (unfold, product, fold), each of which 
 GIL go and takes it back. With two threads in a region, a thread that comes back from a
 kernel while the other holds the GIL sleeps until it is released, and on a machine whose
 idle cores halt (a virtual machine, where waking a thread costs 50-250 us) those waits
-cost more than the second thread saves: LeNet-5's first convolution's backward took 1.36
-ms on two threads against 1.00 on one. The same chunk as one call that releases the GIL
-once, its products inside, took 0.66-0.78 ms on two threads (docs/benchmarks.md). So the
-conv engines' chunks call the BLAS from inside their kernels, through this module.
+cost more than the second thread saves: LeNet-5's first convolution's backward took 1.21-
+1.36 ms on two threads against 0.98-1.01 on one. The same chunk as one call that releases
+the GIL once, its products inside, took 0.66-0.78 ms on two threads (docs/benchmarks.md).
+So on more than one thread the conv engines' chunks call the BLAS from inside their
+kernels, through this module (:func:`one_call_gemm` says when); on one there is no GIL
+to share, and the Python steps run, with the same bits.
 
 The product is the ``cblas_?gemm`` of the library NumPy itself calls for ``matmul``
 (found by threadpoolctl, the one in NumPy's own directory first), called with the
@@ -41,6 +43,11 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # integers and prefixed, suffixed names; a system OpenBLAS or MKL has the plain ones.
 _NAMES = (("scipy_", "64_", ctypes.c_int64), ("", "64_", ctypes.c_int64),
           ("scipy_", "", ctypes.c_int), ("", "", ctypes.c_int))
+
+# The dtypes whose chunks have one-call kernels: float32, what a step trains in. Compiling
+# them for float64 too (gradient checks) took 12 s more on the 2-core machine, of a tier
+# that every process running threads compiles first.
+ONE_CALL_DTYPES = (np.dtype(np.float32),)
 
 _found: dict = {}
 
@@ -82,14 +89,17 @@ def native(dtype: Any) -> Any:
     return _found["functions"].get(np.dtype(dtype))
 
 
-def one_call_gemm(arrays: list, sizes: tuple) -> Any:
-    """NumPy's cblas_?gemm when a chunk can run as one kernel call, else None.
+def one_call_gemm(arrays: list, sizes: tuple, plan: Any) -> Any:
+    """NumPy's cblas_?gemm when a region's chunks run as one kernel call each, else None.
 
-    It can on the Numba kernels, with every array of one floating dtype and that dtype's
-    product found (:func:`native`), and no dimension of the chunk's products
-    (``sizes``) of 1: NumPy multiplies a vector by gemv, whose bits are not gemm's.
+    They do for a :class:`~minidp.kernels.threaded.Plan` of more than one thread (on one
+    there is no GIL to share), on the Numba kernels, with every array of one dtype of
+    :data:`ONE_CALL_DTYPES` and its product found (:func:`native`), and no side of the
+    chunk's products (``sizes``) of 1: NumPy multiplies a vector by gemv, whose bits are
+    not gemm's.
     """
     dtypes = {a.dtype for a in arrays}
-    if not use_kernels(*arrays) or len(dtypes) != 1 or min(sizes) < 2:
+    if (plan.threads < 2 or not use_kernels(*arrays) or len(dtypes) != 1
+            or dtypes.pop() not in ONE_CALL_DTYPES or min(sizes) < 2):
         return None
-    return native(dtypes.pop())
+    return native(arrays[0].dtype)

@@ -27,8 +27,13 @@ import numba
 import numpy as np
 
 from minidp.backend import array_module
-from minidp.kernels.gemm import NO_TRANS, ROW_MAJOR, TRANS, native
-from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.gemm import NO_TRANS, ONE_CALL_DTYPES, ROW_MAJOR, TRANS, native
+from minidp.kernels.jit import (
+    ensure_compiled,
+    register_parallel_warmup,
+    register_warmup,
+    use_kernels,
+)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -223,8 +228,13 @@ def _warm(dtype: type) -> None:
     _rows_kernel(x, 3, cols)
     _shifts_kernel(x, 3, cols)
     _sum_taps_kernel(cols, 3, x)
-    gemm = native(dtype)
+
+
+@register_parallel_warmup
+def _warm_chunks(dtype: type) -> None:
+    gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        w3 = np.zeros((3, 3), dtype=dtype)
+        x, cols, w3 = np.zeros((1, 1, 2, 2), dtype=dtype), np.empty((3, 8), dtype=dtype), \
+            np.zeros((3, 3), dtype=dtype)
         forward_chunk(gemm, x, w3, None, 3, cols, cols.copy(), x.copy())
         backward_chunk(gemm, x, x, w3, 3, cols, cols.copy(), True, x.copy())

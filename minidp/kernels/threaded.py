@@ -23,9 +23,13 @@ instead split each small per-sample product, with a fork and a join every time.
 
 * BLAS runs on one thread while a region runs (:func:`minidp.threads.blas_single_threaded`):
   T threads each calling a T-thread BLAS would put T*T threads on T cores.
-* The threads are Python threads of one persistent pool. The Numba kernels release the
-  GIL (``nogil=True``), and so do NumPy's ``matmul`` and large copies; what holds it is
-  a few lines of Python per chunk, tens of microseconds against a chunk's milliseconds.
+* The threads are Python threads of one persistent pool. Each engine runs a chunk as one
+  Numba call that releases the GIL (``nogil=True``), its GEMMs inside (NumPy's own
+  ``cblas_?gemm``, :mod:`minidp.kernels.gemm`), so a thread takes the GIL back once per
+  chunk, for a few lines of Python. A chunk written as Python around three or four
+  kernel calls took it back after each: where idle cores halt (a virtual machine) a
+  thread that finds the GIL held sleeps and is woken 50-250 us later, and LeNet-5's
+  first convolution's backward ran slower on two threads than on one.
 * The kernels called inside are compiled serial (no ``parallel=True``): Numba's
   workqueue threading layer, the one that is always there, aborts when two threads
   launch parallel kernels at once.
@@ -175,6 +179,7 @@ class Plan:
             with blas_single_threaded():
                 return part(0)
         ensure_compiled()  # here, not in two threads at once
+        ensure_compiled(parallel=True)  # the one-call chunks (minidp.kernels.gemm)
         with blas_single_threaded():
             executor = _executor(self.threads - 1)
             futures: list[Future] = [executor.submit(part, t) for t in range(1, self.threads)]

@@ -34,8 +34,13 @@ import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import cuda
-from minidp.kernels.gemm import NO_TRANS, ROW_MAJOR, TRANS, native
-from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.gemm import NO_TRANS, ONE_CALL_DTYPES, ROW_MAJOR, TRANS, native
+from minidp.kernels.jit import (
+    ensure_compiled,
+    register_parallel_warmup,
+    register_warmup,
+    use_kernels,
+)
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -202,19 +207,6 @@ def _backward_chunk_kernel(gemm, x, g3, w2, kh, kw, stride, ph, pw, cols, want_w
     return part
 
 
-@numba.njit(cache=True, nogil=True)
-def _transposed_chunk_kernel(gemm, g, x3, wt, kh, kw, ph, pw, cols, want_w,
-                             gx3):  # pragma: no cover - compiled
-    """Gx (nb, C, H*W) = wt @ im2col(g) per sample; dW' = im2col(g) @ x.T if ``want_w``."""
-    _im2col_kernel(g, kh, kw, 1, ph, pw, cols)
-    _per_sample_products(gemm, wt, cols, gx3)
-    xc = _by_channel(x3) if want_w else np.empty((0, cols.shape[1]), x3.dtype)
-    part = np.empty((cols.shape[0] if want_w else 0, xc.shape[0]), g.dtype)
-    if want_w:
-        _product(gemm, NO_TRANS, TRANS, cols, xc, part)
-    return part
-
-
 def forward_chunk(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, cols: Any,
                   out: Any) -> None:
     """One chunk of the im2col forward pass in one call (see the kernels above).
@@ -248,22 +240,6 @@ def backward_chunk(gemm: Any, x: Any, g: Any, w2: Any, geometry: tuple, cols: An
     part = _backward_chunk_kernel(gemm, x, g.reshape(nb, f, length), w2, *geometry,
                                   cols[:rows * nb * length].reshape(rows, nb * length),
                                   want_w, gx)
-    return part if want_w else None
-
-
-def transposed_chunk(gemm: Any, g: Any, x: Any, wt: Any, geometry: tuple, cols: Any,
-                     want_w: bool, gx: Any) -> Any:
-    """One chunk of the transposed backward pass (stride 1); returns dW' or None.
-
-    ``g`` is the chunk's output gradient (nb, F, H, W), ``x`` its input (nb, C, H, W),
-    ``wt`` the flipped, transposed weight (C, F*kh*kw); geometry (kh, kw, ph, pw) of the
-    unfolding of g; ``gx`` the chunk's input gradient (nb, C, H, W) to fill.
-    """
-    nb, c = x.shape[0], x.shape[1]
-    rows, length = wt.shape[1], x.shape[2] * x.shape[3]
-    part = _transposed_chunk_kernel(gemm, g, x.reshape(nb, c, length), wt, *geometry,
-                                    cols[:rows * nb * length].reshape(rows, nb * length),
-                                    want_w, gx.reshape(nb, c, length))
     return part if want_w else None
 
 
@@ -342,10 +318,13 @@ def _warm(dtype: type) -> None:
     cols = np.empty((4, 4), dtype=dtype)
     _im2col_kernel(x, 2, 2, 1, 0, 0, cols)
     _col2im_kernel(cols, 2, 2, 1, 0, 0, x)
-    gemm = native(dtype)
+
+
+@register_parallel_warmup
+def _warm_chunks(dtype: type) -> None:
+    gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
+        x, cols = np.zeros((1, 1, 3, 3), dtype=dtype), np.empty(16, dtype=dtype)
         w2, out = np.zeros((1, 4), dtype=dtype), np.empty((1, 1, 2, 2), dtype=dtype)
-        forward_chunk(gemm, x, w2, None, (2, 2, 1, 0, 0), cols.reshape(-1), out)
-        backward_chunk(gemm, x, out, w2, (2, 2, 1, 0, 0), cols.reshape(-1), True, x.copy())
-        wt = np.zeros((1, 1), dtype=dtype)
-        transposed_chunk(gemm, out, out, wt, (1, 1, 0, 0), cols.reshape(-1), True, out.copy())
+        forward_chunk(gemm, x, w2, None, (2, 2, 1, 0, 0), cols, out)
+        backward_chunk(gemm, x, out, w2, (2, 2, 1, 0, 0), cols, True, x.copy())

@@ -36,8 +36,13 @@ import numba
 import numpy as np
 
 from minidp.backend import array_module
-from minidp.kernels.gemm import NO_TRANS, ROW_MAJOR, TRANS, native
-from minidp.kernels.jit import ensure_compiled, register_warmup, use_kernels
+from minidp.kernels.gemm import NO_TRANS, ONE_CALL_DTYPES, ROW_MAJOR, TRANS, native
+from minidp.kernels.jit import (
+    ensure_compiled,
+    register_parallel_warmup,
+    register_warmup,
+    use_kernels,
+)
 
 # Y = A^T M A, V = B^T d B, U = G w G^T
 B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64)
@@ -415,8 +420,13 @@ def _warm(dtype: type) -> None:
     _output_kernel(buffer, x)
     _output_grad_kernel(x, buffer)
     _input_grad_kernel(buffer, x)
-    gemm = native(dtype)
+
+
+@register_parallel_warmup
+def _warm_chunks(dtype: type) -> None:
+    gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        u = np.zeros((16, 1, 1), dtype=dtype)
+        x, buffer, u = np.zeros((1, 1, 2, 2), dtype=dtype), plane_buffer(1, 1, dtype), \
+            np.zeros((16, 1, 1), dtype=dtype)
         v = forward_chunk(gemm, x, u, None, plane_buffer(1, 1, dtype), x.copy())
         backward_chunk(gemm, x, u, v, buffer, plane_buffer(1, 1, dtype), True, x.copy())

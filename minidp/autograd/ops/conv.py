@@ -35,7 +35,14 @@ faster here. On CuPy and under ``NUMBA_DISABLE_JIT=1`` the whole batch is one ch
 With several threads per rank, each thread takes a contiguous part of the batch and
 runs the chunk loop above on it with one-thread GEMMs (:mod:`minidp.kernels.threaded`):
 the loops here are written as the work of one chunk, ``chunk(thread, lo, hi)``, which
-a :class:`~minidp.kernels.threaded.Plan` runs; each thread has its own buffers.
+a :class:`~minidp.kernels.threaded.Plan` runs; each thread has its own buffers. On the
+Numba kernels, with more than one thread, a chunk's steps run as one kernel call
+(``minidp.kernels.unfold``'s ``forward_chunk`` and ``backward_chunk``: the same steps
+with NumPy's own GEMM inside, the same bits), so that a thread takes the GIL once per
+chunk (:mod:`minidp.kernels.gemm` says why). The Python steps below run everywhere else:
+on one thread, on CuPy and the NumPy references, in float64, for the transposed
+backward pass (no model here takes it), and where a product has a side of 1 (NumPy
+runs gemv there).
 """
 
 from __future__ import annotations
@@ -169,7 +176,7 @@ class Conv2d(Function):
         w2 = xp.ascontiguousarray(w.reshape(f, -1))
         unfold = Unfolder(x, kh, kw, stride, padding, padding)
         native = one_call_gemm([x, w2] + ([] if bias is None else [bias]),
-                               (f, oh * ow, w2.shape[1]))
+                               (f, oh * ow, w2.shape[1]), unfold.plan)
 
         def chunk(thread: int, lo: int, hi: int) -> None:
             if native is not None:  # the same steps as below, in one kernel call
@@ -224,13 +231,8 @@ class Conv2d(Function):
         gx = xp.empty(self.x.shape, dtype=g.dtype)
         gx3, x3 = gx.reshape(n, c, h * w), self.x.reshape(n, c, h * w)
         unfold = Unfolder(g, kh, kw, 1, kh - 1 - p, kw - 1 - p)
-        native = one_call_gemm([g, self.x, wt], (c, h * w, f * kh * kw))
 
         def chunk(thread: int, lo: int, hi: int) -> Any:
-            if native is not None:  # the same steps as below, in one kernel call
-                return unfold_chunk.transposed_chunk(
-                    native, g[lo:hi], self.x[lo:hi], wt, (kh, kw, kh - 1 - p, kw - 1 - p),
-                    unfold.scratch(thread, lo, hi), self.wants(1), gx[lo:hi])
             cols = unfold.columns(thread, lo, hi)  # (F*kh*kw, nb*H*W)
             xp.matmul(wt, per_sample(cols, hi - lo), out=gx3[lo:hi])
             return cols @ by_channel(x3[lo:hi]).T if self.wants(1) else None  # (F*kh*kw, C)
@@ -250,7 +252,7 @@ class Conv2d(Function):
         g3, w2 = g.reshape(n, f, oh * ow), xp.ascontiguousarray(self.w.reshape(f, -1))
         unfold = Unfolder(self.x, kh, kw, stride, p, p)
         gx = xp.empty(self.x.shape, dtype=g.dtype) if self.wants(0) else None
-        native = one_call_gemm([g, self.x, w2], (f, oh * ow, w2.shape[1]))
+        native = one_call_gemm([g, self.x, w2], (f, oh * ow, w2.shape[1]), unfold.plan)
 
         def chunk(thread: int, lo: int, hi: int) -> Any:
             if native is not None:  # the same steps as below, in one kernel call

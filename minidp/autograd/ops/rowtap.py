@@ -12,8 +12,11 @@ faster in BLAS, on a third of the copying; a shifted sum adds the k row taps::
 
 One ``rows(g)`` per chunk serves both gradients, whose chunk sums are added in chunk
 order. With several threads each runs its own chunks (a
-:class:`~minidp.kernels.threaded.Plan`), with buffers of its own. Off the kernels (CuPy,
-``NUMBA_DISABLE_JIT=1``) the whole batch is one chunk of NumPy/CuPy references.
+:class:`~minidp.kernels.threaded.Plan`), with buffers of its own. On the Numba kernels a
+chunk is one kernel call (``minidp.kernels.taps``' ``forward_chunk`` and
+``backward_chunk``: the steps below, NumPy's own GEMM inside, the same bits; see
+:mod:`minidp.kernels.gemm`). Off the kernels (CuPy, ``NUMBA_DISABLE_JIT=1``) the whole
+batch is one chunk of NumPy/CuPy references.
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> Any:
     w3 = xp.ascontiguousarray(w.transpose(2, 0, 1, 3)).reshape(k * f, c * k)  # (i,f), (c,j)
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
     buffers = [_Buffers(x, (c * k, k * f), plan, (h + k - 1) * wd) for _ in range(plan.threads)]
-    native = one_call_gemm([x, w3] + ([] if bias is None else [bias]), (k * f, c * k))
+    native = one_call_gemm([x, w3] + ([] if bias is None else [bias]), (k * f, c * k),
+                           plan)
 
     def chunk(thread: int, lo: int, hi: int) -> None:
         mine = buffers[thread]
@@ -105,7 +109,7 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, want_x: bool, want_w: bool) -> 
     w3t = xp.ascontiguousarray(flipped.transpose(2, 1, 0, 3)).reshape(k * c, f * k)
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
     buffers = [_Buffers(g, (f * k, k * c), plan, (h + k - 1) * wd) for _ in range(plan.threads)]
-    native = one_call_gemm([g, x, w3t], (k * c, f * k))
+    native = one_call_gemm([g, x, w3t], (k * c, f * k), plan)
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
         mine = buffers[thread]

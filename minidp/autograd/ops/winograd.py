@@ -15,7 +15,10 @@ the GEMM::
     dw = G^T dU G
 
 NumPy's stacked ``matmul`` runs the 16 products of a chunk in one call. With several
-threads each runs its own chunks, with buffers of its own. Off the kernels (CuPy,
+threads each runs its own chunks, with buffers of its own. On the Numba kernels a chunk
+is one kernel call (``minidp.kernels.winograd``'s ``forward_chunk`` and
+``backward_chunk``: the steps below, NumPy's own GEMM inside, plane by plane as its
+stacked matmul calls it; see :mod:`minidp.kernels.gemm`). Off the kernels (CuPy,
 ``NUMBA_DISABLE_JIT=1``) the transforms are NumPy/CuPy einsums over the whole batch.
 """
 
@@ -120,7 +123,7 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
     m_buffers = _buffers(x, f, plan, th * tw)
     native = one_call_gemm([x, u] + ([] if bias is None else [bias]),
-                           (f, c, _fewest_tiles(plan, th * tw)))
+                           (f, c, _fewest_tiles(plan, th * tw)), plan)
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
         if native is not None:  # the same steps as below, in one kernel call
@@ -152,7 +155,7 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, inputs: list, want_x: bool,
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
     dm_buffers, dv_buffers = _buffers(g, f, plan, th * tw), _buffers(g, c, plan, th * tw)
     first = {lo: k for k, (lo, _) in enumerate(plan.bounds)}  # a chunk's index in inputs
-    native = one_call_gemm([g, x, u], (f, c, _fewest_tiles(plan, th * tw)))
+    native = one_call_gemm([g, x, u], (f, c, _fewest_tiles(plan, th * tw)), plan)
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
         count, v = (hi - lo) * th * tw, inputs[first[lo]]
