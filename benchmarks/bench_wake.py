@@ -18,6 +18,11 @@ that keep small work on one thread are set from these costs:
   ``rule`` is the count minidp runs the product on; ``best`` the faster measured.
 * **Streaming kernels** (:data:`minidp.kernels.threaded.SPREAD_MIN_ELEMENTS`): relu
   forward, serial and ``prange``, from 64K to 2M float32 elements, the same way.
+* **Convolution regions** (:mod:`minidp.kernels.gemm`): a layer's forward and backward
+  pass of each engine at ``bench_step.py``'s batch, on one thread, and on the largest
+  count with each chunk run as one kernel call (minidp's way) and as its Python steps
+  around the same kernels (``gemm.native`` turned off), each after 1 ms of one-thread
+  work.
 
 Times are medians of 40 calls (hand-offs: 300), the smallest of two rounds.
 """
@@ -39,8 +44,9 @@ import common  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from minidp import threads  # noqa: E402
-from minidp.kernels import elementwise, threaded  # noqa: E402
+from minidp import Tensor, threads  # noqa: E402
+from minidp import functional as F  # noqa: E402
+from minidp.kernels import elementwise, gemm, threaded  # noqa: E402
 
 # (M, K, N) of each product: a linear layer's forward (out, in) @ (in, batch) and its
 # weight gradient, at the batches of bench_step.py, and a LeNet-5 conv2 chunk's
@@ -51,6 +57,13 @@ MATMULS = [("mlp fc1 forward", (512, 784, 128)), ("mlp fc1 weight gradient", (51
            ("cifar_cnn fc1 forward", (256, 2048, 64)),
            ("lenet5 conv2 chunk, weight gradient", (150, 3200, 16))]
 RELU_SIZES = [1 << 16, 1 << 17, 1 << 18, 1 << 19, 1 << 20, 1 << 21]
+# (name, input, weight, stride, padding, the input's gradient wanted), one per engine
+CONV_LAYERS = [("lenet5 conv1 (im2col, weight gradient only)", (64, 1, 28, 28), (6, 1, 5, 5),
+                1, 2, False),
+               ("lenet5 conv2 (im2col, col2im backward)", (64, 6, 14, 14), (16, 6, 5, 5), 1, 0,
+                True),
+               ("resnet20 layer1 (row taps)", (64, 16, 32, 32), (16, 16, 3, 3), 1, 1, True),
+               ("cifar_cnn conv3 (Winograd)", (64, 64, 8, 8), (128, 64, 3, 3), 1, 1, True)]
 
 
 @numba.njit(nogil=True)
@@ -151,6 +164,33 @@ def streaming(count, pause):
     return rows
 
 
+def regions(count, pause):
+    """Rows of the region table: each layer's forward + backward, three ways."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for name, x_shape, w_shape, stride, pad, want_x in CONV_LAYERS:
+        x = Tensor(rng.standard_normal(x_shape).astype(np.float32), requires_grad=want_x)
+        w = Tensor(rng.standard_normal(w_shape).astype(np.float32), requires_grad=True)
+        b = Tensor(rng.standard_normal(w_shape[0]).astype(np.float32), requires_grad=True)
+        g = F.conv2d(x, w, b, stride=stride, padding=pad).data.copy()
+
+        def step():
+            F.conv2d(x, w, b, stride=stride, padding=pad).backward(g)
+
+        threads.limit_threads(1)
+        one_thread = median_us(step, before=pause)
+        threads.limit_threads(count)
+        one_call = median_us(step, before=pause)
+        native, gemm.native = gemm.native, lambda dtype: None
+        try:
+            python_steps = median_us(step, before=pause)
+        finally:
+            gemm.native = native
+        rows.append([name, f"{one_thread:.0f}", f"{python_steps:.0f}", f"{one_call:.0f}",
+                     f"{one_thread / python_steps:.2f}x", f"{one_thread / one_call:.2f}x"])
+    return rows
+
+
 def main():
     count = max(COUNTS)
     if count < 2:
@@ -172,7 +212,11 @@ def main():
     common.print_table(["relu elements", "serial us", f"prange on {count} us", "speed-up",
                         "minidp runs"], streaming(count, lambda: busy(short)))
     print(f"\nminidp runs prange from SPREAD_MIN_ELEMENTS = "
-          f"{threaded.SPREAD_MIN_ELEMENTS // 1024}K elements")
+          f"{threaded.SPREAD_MIN_ELEMENTS // 1024}K elements\n")
+    common.print_table(["conv layer, forward + backward, batch 64", "1 thread us",
+                        f"{count} threads, Python steps us", f"{count} threads, one call us",
+                        "speed-up, Python steps", "speed-up, one call"],
+                       regions(count, lambda: busy(long)))
 
 
 if __name__ == "__main__":
