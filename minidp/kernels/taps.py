@@ -105,7 +105,11 @@ def _sum_taps_kernel(pm, k, out):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _product(gemm, trans_a, trans_b, a, b, c):  # pragma: no cover - compiled
-    """C = op(a) @ op(b) of C-contiguous a, b, c: ``x.T`` of NumPy reaches BLAS as x, TRANS."""
+    """C = op(a) @ op(b) of C-contiguous a, b, c: ``x.T`` of NumPy reaches BLAS as x, TRANS.
+
+    unfold.py's helper again: a kernel calls compiled functions of its own file only, since
+    the cache stamps each file by its own contents (:mod:`.locator`).
+    """
     m, n = c.shape
     k = a.shape[0] if trans_a == TRANS else a.shape[1]
     gemm(ROW_MAJOR, trans_a, trans_b, m, n, k, c.dtype.type(1), a.ctypes.data, a.shape[1],

@@ -23,13 +23,14 @@ instead split each small per-sample product, with a fork and a join every time.
 
 * BLAS runs on one thread while a region runs (:func:`minidp.threads.blas_single_threaded`):
   T threads each calling a T-thread BLAS would put T*T threads on T cores.
-* The threads are Python threads of one persistent pool. Each engine runs a chunk as one
-  Numba call that releases the GIL (``nogil=True``), its GEMMs inside (NumPy's own
-  ``cblas_?gemm``, :mod:`minidp.kernels.gemm`), so a thread takes the GIL back once per
-  chunk, for a few lines of Python. A chunk written as Python around three or four
-  kernel calls took it back after each: where idle cores halt (a virtual machine) a
-  thread that finds the GIL held sleeps and is woken 50-250 us later, and LeNet-5's
-  first convolution's backward ran slower on two threads than on one.
+* The threads are Python threads of one persistent pool. With two or more, each engine
+  runs a chunk (in float32) as one Numba call that releases the GIL (``nogil=True``), its
+  GEMMs inside (NumPy's own ``cblas_?gemm``, :mod:`minidp.kernels.gemm`), so a thread
+  takes the GIL back once per chunk, for a few lines of Python. A chunk written as
+  Python around three or four kernel calls took it back after each: where idle cores
+  halt (a virtual machine) a thread that finds the GIL held sleeps and is woken 50-250 us
+  later, and LeNet-5's first convolution's backward ran slower on two threads than on
+  one. On one thread (no GIL to share) the Python steps run, with the same bits.
 * The kernels called inside are compiled serial (no ``parallel=True``): Numba's
   workqueue threading layer, the one that is always there, aborts when two threads
   launch parallel kernels at once.

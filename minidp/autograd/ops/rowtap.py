@@ -12,11 +12,11 @@ faster in BLAS, on a third of the copying; a shifted sum adds the k row taps::
 
 One ``rows(g)`` per chunk serves both gradients, whose chunk sums are added in chunk
 order. With several threads each runs its own chunks (a
-:class:`~minidp.kernels.threaded.Plan`), with buffers of its own. On the Numba kernels a
-chunk is one kernel call (``minidp.kernels.taps``' ``forward_chunk`` and
-``backward_chunk``: the steps below, NumPy's own GEMM inside, the same bits; see
-:mod:`minidp.kernels.gemm`). Off the kernels (CuPy, ``NUMBA_DISABLE_JIT=1``) the whole
-batch is one chunk of NumPy/CuPy references.
+:class:`~minidp.kernels.threaded.Plan`), with buffers of its own. On the Numba kernels,
+with more than one thread, a chunk is one kernel call (``minidp.kernels.taps``'
+``forward_chunk`` and ``backward_chunk``: the steps below, NumPy's own GEMM inside, the
+same bits; see :mod:`minidp.kernels.gemm`). Off the kernels (CuPy, ``NUMBA_DISABLE_JIT=1``)
+the whole batch is one chunk of NumPy/CuPy references.
 """
 
 from __future__ import annotations

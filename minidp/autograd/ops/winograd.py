@@ -15,10 +15,10 @@ the GEMM::
     dw = G^T dU G
 
 NumPy's stacked ``matmul`` runs the 16 products of a chunk in one call. With several
-threads each runs its own chunks, with buffers of its own. On the Numba kernels a chunk
-is one kernel call (``minidp.kernels.winograd``'s ``forward_chunk`` and
-``backward_chunk``: the steps below, NumPy's own GEMM inside, plane by plane as its
-stacked matmul calls it; see :mod:`minidp.kernels.gemm`). Off the kernels (CuPy,
+threads each runs its own chunks, with buffers of its own. On the Numba kernels, with
+more than one thread, a chunk is one kernel call (``minidp.kernels.winograd``'s
+``forward_chunk`` and ``backward_chunk``: the steps below, NumPy's own GEMM inside, plane
+by plane as its stacked matmul calls it; see :mod:`minidp.kernels.gemm`). Off the kernels (CuPy,
 ``NUMBA_DISABLE_JIT=1``) the transforms are NumPy/CuPy einsums over the whole batch.
 """
 
