@@ -21,9 +21,10 @@ A kernel receives the function as an argument (Numba caches it by its signature,
 address) and calls it directly: kernels call compiled functions of their own file only
 (:mod:`.locator`).
 
-Where no such symbol is found (a BLAS with other names), :func:`native` is None and the
-engines keep their chunks in Python around the same kernels: the same bits, slower on
-threads.
+Each function found is tried once on a small product against NumPy's matmul, bit for
+bit. Where none is found or passes (a BLAS with other names), :func:`native` is None and
+the engines keep their chunks in Python around the same kernels: the same bits, slower
+on threads.
 """
 
 from __future__ import annotations
@@ -67,8 +68,22 @@ def _bind(library: ctypes.CDLL) -> dict | None:
                                  integer, scalar, pointer, integer, pointer, integer, scalar,
                                  pointer, integer]
             function.restype = None
-        return functions
+        return functions if all(_gives_numpys_bits(f, d) for d, f in functions.items()) else None
     return None
+
+
+def _gives_numpys_bits(function: Any, dtype: Any) -> bool:
+    """Whether ``function`` multiplies as NumPy's matmul does, bit for bit (tried once).
+
+    A library reached under the wrong names, or with the wrong integer width, would give
+    other numbers (or other bits): it is then not used.
+    """
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(shape).astype(dtype) for shape in ((5, 7), (3, 7)))
+    c = np.empty((5, 3), dtype)
+    function(ROW_MAJOR, NO_TRANS, TRANS, 5, 3, 7, 1.0, a.ctypes.data, 7, b.ctypes.data, 7,
+             0.0, c.ctypes.data, 3)
+    return bool(np.array_equal(c, a @ b.T))
 
 
 def _libraries() -> list[str]:

@@ -405,6 +405,16 @@ def test_numpys_own_gemm_is_found_for_the_kernels():
     assert gemm.native(np.int32) is None
 
 
+def test_a_gemm_without_numpys_bits_is_not_used():
+    real = gemm.native(np.float32)
+    assert gemm._gives_numpys_bits(real, np.float32)
+
+    def twice(order, trans_a, trans_b, m, n, k, alpha, *rest):  # another product: 2 A B^T
+        real(order, trans_a, trans_b, m, n, k, 2 * alpha, *rest)
+
+    assert not gemm._gives_numpys_bits(twice, np.float32)
+
+
 @pytest.mark.parametrize("engine,x_shape,w_shape,stride,pad", CONV_CASES,
                          ids=[c[0] for c in CONV_CASES])
 def test_one_call_chunks_give_the_bits_of_numpys_matmul(at_threads, small_regions, monkeypatch,
