@@ -53,6 +53,14 @@ ONE_CALL_DTYPES = (np.dtype(np.float32),)
 _found: dict = {}
 
 
+def _open(path: str) -> dict | None:
+    """:func:`_bind` of the library at ``path``; None where ctypes cannot open it."""
+    try:
+        return _bind(ctypes.CDLL(path))
+    except OSError:
+        return None
+
+
 def _bind(library: ctypes.CDLL) -> dict | None:
     """{dtype: the library's cblas_?gemm, typed} for float32 and float64, or None."""
     for prefix, suffix, integer in _NAMES:
@@ -99,8 +107,7 @@ def native(dtype: Any) -> Any:
     """The ctypes ``cblas_?gemm`` for ``dtype`` (float32, float64), or None (see above)."""
     if "functions" not in _found:
         np.ones((2, 2)) @ np.ones((2, 2))  # NumPy loads its BLAS at the first product
-        _found["functions"] = next(
-            (f for f in (_bind(ctypes.CDLL(path)) for path in _libraries()) if f), {})
+        _found["functions"] = next((f for f in map(_open, _libraries()) if f), {})
     return _found["functions"].get(np.dtype(dtype))
 
 

@@ -405,7 +405,8 @@ def test_numpys_own_gemm_is_found_for_the_kernels():
     assert gemm.native(np.int32) is None
 
 
-def test_a_gemm_without_numpys_bits_is_not_used():
+def test_a_gemm_without_numpys_bits_or_a_library_ctypes_cannot_open_is_not_used(tmp_path):
+    assert gemm._open(str(tmp_path / "libmissing.so")) is None
     real = gemm.native(np.float32)
     assert gemm._gives_numpys_bits(real, np.float32)
 
