@@ -40,12 +40,14 @@ COUNTS = thread_counts(["--threads", ARGS.parse_args().threads])
 # Numba sizes its pool from the count minidp chooses when it is imported: the largest.
 os.environ["MINIDP_NUM_THREADS"] = str(max(COUNTS))
 
+import bench_ops  # noqa: E402
 import common  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from minidp import Tensor, threads  # noqa: E402
 from minidp import functional as F  # noqa: E402
+from minidp.autograd.ops import rowtap, winograd  # noqa: E402
 from minidp.kernels import elementwise, gemm, threaded  # noqa: E402
 
 # (M, K, N) of each product: a linear layer's forward (out, in) @ (in, batch) and its
@@ -57,13 +59,9 @@ MATMULS = [("mlp fc1 forward", (512, 784, 128)), ("mlp fc1 weight gradient", (51
            ("cifar_cnn fc1 forward", (256, 2048, 64)),
            ("lenet5 conv2 chunk, weight gradient", (150, 3200, 16))]
 RELU_SIZES = [1 << 16, 1 << 17, 1 << 18, 1 << 19, 1 << 20, 1 << 21]
-# (name, input, weight, stride, padding, the input's gradient wanted), one per engine
-CONV_LAYERS = [("lenet5 conv1 (im2col, weight gradient only)", (64, 1, 28, 28), (6, 1, 5, 5),
-                1, 2, False),
-               ("lenet5 conv2 (im2col, col2im backward)", (64, 6, 14, 14), (16, 6, 5, 5), 1, 0,
-                True),
-               ("resnet20 layer1 (row taps)", (64, 16, 32, 32), (16, 16, 3, 3), 1, 1, True),
-               ("cifar_cnn conv3 (Winograd)", (64, 64, 8, 8), (128, 64, 3, 3), 1, 1, True)]
+# A layer of each engine, by its name in bench_ops.py (its shapes are there); a model's
+# first layer takes no input gradient, as in a step
+CONV_LAYERS = ["lenet5 conv1", "lenet5 conv2", "resnet20 layer1", "cifar_cnn conv3"]
 
 
 @numba.njit(nogil=True)
@@ -168,7 +166,13 @@ def regions(count, pause):
     """Rows of the region table: each layer's forward + backward, three ways."""
     rng = np.random.default_rng(2)
     rows = []
-    for name, x_shape, w_shape, stride, pad, want_x in CONV_LAYERS:
+    shapes = {name: rest for name, *rest in bench_ops.SHAPES}
+    for name in CONV_LAYERS:
+        x_shape, w_shape, stride, pad = shapes[name]
+        want_x = not name.endswith("conv1")
+        engine = ("Winograd" if winograd.applies(x_shape, w_shape, stride, pad) else
+                  "row taps" if rowtap.applies(x_shape, w_shape, stride, pad) else "im2col")
+        name = f"{name} ({engine}{'' if want_x else ', weight gradient only'})"
         x = Tensor(rng.standard_normal(x_shape).astype(np.float32), requires_grad=want_x)
         w = Tensor(rng.standard_normal(w_shape).astype(np.float32), requires_grad=True)
         b = Tensor(rng.standard_normal(w_shape[0]).astype(np.float32), requires_grad=True)

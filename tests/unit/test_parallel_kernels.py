@@ -356,6 +356,13 @@ def direct_conv(x, w, b, g, stride, pad):
     return out, gx, gw, g.sum(axis=(0, 2, 3))
 
 
+def output_gradient(x_shape, w_shape, stride, pad, dtype, seed):
+    """A random gradient of the convolution's output, (N, F, OH, OW)."""
+    oh = (x_shape[2] + 2 * pad - w_shape[2]) // stride + 1
+    ow = (x_shape[3] + 2 * pad - w_shape[3]) // stride + 1
+    return rand((x_shape[0], w_shape[0], oh, ow), dtype, seed)
+
+
 def conv_step(x, w, b, g, stride, pad):
     """minidp's output and gradients (x, w, b) of sum(out * g)."""
     tensors = [Tensor(a.copy(), requires_grad=True) for a in (x, w, b)]
@@ -373,9 +380,7 @@ def test_convolution_regions_on_threads(at_threads, small_regions, engine, x_sha
     assert engine.startswith(chosen)
     x, w, b = rand(x_shape, np.float64, 17), rand(w_shape, np.float64, 18), rand(
         w_shape[0], np.float64, 19)
-    oh = (x_shape[2] + 2 * pad - w_shape[2]) // stride + 1
-    ow = (x_shape[3] + 2 * pad - w_shape[3]) // stride + 1
-    g = rand((x_shape[0], w_shape[0], oh, ow), np.float64, 20)
+    g = output_gradient(x_shape, w_shape, stride, pad, np.float64, 20)
     # the batch is split among the threads (off the kernels it is one chunk of references)
     assert conv_op.plan(x, 1).threads == (at_threads if use_kernels(x) else 1)
     for got, want in zip(conv_step(x, w, b, g, stride, pad), direct_conv(x, w, b, g, stride, pad)):
@@ -421,9 +426,7 @@ def test_a_gemm_without_numpys_bits_or_a_library_ctypes_cannot_open_is_not_used(
 def test_one_call_chunks_give_the_bits_of_numpys_matmul(at_threads, small_regions, monkeypatch,
                                                         engine, x_shape, w_shape, stride, pad):
     x, w, b = (rand(s, np.float32, 27 + k) for k, s in enumerate([x_shape, w_shape, w_shape[0]]))
-    oh = (x_shape[2] + 2 * pad - w_shape[2]) // stride + 1
-    ow = (x_shape[3] + 2 * pad - w_shape[3]) // stride + 1
-    g = rand((x_shape[0], w_shape[0], oh, ow), np.float32, 30)
+    g = output_gradient(x_shape, w_shape, stride, pad, np.float32, 30)
     module, names = ONE_CALL[engine]
     calls = []
     for name in names:  # count the one-call chunks, so that the test sees them run
