@@ -3,15 +3,18 @@
     .venv/bin/python benchmarks/bench_wake.py              (1 and 2 threads)
     .venv/bin/python benchmarks/bench_wake.py --threads 1,4
 
-Each of minidp's three thread pools sleeps as soon as it is idle (``IDLE_WAIT`` in
-``minidp/threads.py``), so each use pays a wake-up, whose cost depends on the machine (a
-virtual machine's idle core may have to be rescheduled by the host). The thresholds
-that keep small work on one thread are set from these costs:
+minidp's thread pools sleep soon after they are idle (``IDLE_WAIT`` in
+``minidp/threads.py``: OpenBLAS's worker after 7 us of spinning, Numba's OpenMP threads
+after 10000 rounds where GNU OpenMP runs them, the Python pool at once), so a use after
+a pause pays a wake-up, whose cost depends on the machine (a virtual machine's idle core
+may have to be rescheduled by the host). The thresholds that keep small work on one
+thread are set from these costs:
 
-* **Hand-offs**: an empty ``prange`` kernel (Numba's OpenMP pool) called back to back
-  and after 1 ms of one-thread work; an empty region of the convolutions' pool
-  (:class:`minidp.kernels.threaded.Plan` of Python threads); BLAS set to one thread and
-  back (:func:`minidp.threads.blas_single_threaded`).
+* **Hand-offs**: an empty ``prange`` kernel (Numba's OpenMP pool, which runs the
+  convolutions' regions too) called back to back and after 1 ms of one-thread work; an
+  empty region of the Python pool (:meth:`minidp.kernels.threaded.Plan.run`, the
+  regions that keep Python steps); BLAS set to one thread and back
+  (:func:`minidp.threads.blas_single_threaded`).
 * **Products** (:data:`minidp.threads.GEMM_THREADS_MIN_FLOPS`): the four models' linear
   layers and a LeNet-5 convolution chunk's products, on one BLAS thread and on the
   largest count, each after 0.2 ms of one-thread work (as between a step's GEMMs).
@@ -20,9 +23,9 @@ that keep small work on one thread are set from these costs:
   forward, serial and ``prange``, from 64K to 2M float32 elements, the same way.
 * **Convolution regions** (:mod:`minidp.kernels.gemm`): a layer's forward and backward
   pass of each engine at ``bench_step.py``'s batch, on one thread, and on the largest
-  count with each chunk run as one kernel call (minidp's way) and as its Python steps
-  around the same kernels (``gemm.native`` turned off), each after 1 ms of one-thread
-  work.
+  count with each region run as one parallel kernel (minidp's way) and as Python steps
+  around the same kernels on the Python pool (``gemm.native`` turned off), each after
+  1 ms of one-thread work.
 
 Times are medians of 40 calls (hand-offs: 300), the smallest of two rounds.
 """
@@ -121,7 +124,7 @@ def handoffs(count, pause):
              f"{median_us(lambda: empty_prange(out), 300):.1f}"],
             [f"empty prange kernel, after 1 ms of work ({count} threads)",
              f"{median_us(lambda: empty_prange(out), 100, before=pause):.1f}"],
-            [f"empty region of the convolutions' pool ({count} threads)",
+            [f"empty region of the Python pool ({count} threads)",
              f"{median_us(region, 300):.1f}"],
             ["BLAS to one thread and back", f"{median_us(blas_one, 300):.1f}"]]
 
@@ -184,14 +187,14 @@ def regions(count, pause):
         threads.limit_threads(1)
         one_thread = median_us(step, before=pause)
         threads.limit_threads(count)
-        one_call = median_us(step, before=pause)
+        region_kernel = median_us(step, before=pause)
         native, gemm.native = gemm.native, lambda dtype: None
         try:
             python_steps = median_us(step, before=pause)
         finally:
             gemm.native = native
-        rows.append([name, f"{one_thread:.0f}", f"{python_steps:.0f}", f"{one_call:.0f}",
-                     f"{one_thread / python_steps:.2f}x", f"{one_thread / one_call:.2f}x"])
+        rows.append([name, f"{one_thread:.0f}", f"{python_steps:.0f}", f"{region_kernel:.0f}",
+                     f"{one_thread / python_steps:.2f}x", f"{one_thread / region_kernel:.2f}x"])
     return rows
 
 
@@ -218,8 +221,9 @@ def main():
     print(f"\nminidp runs prange from SPREAD_MIN_ELEMENTS = "
           f"{threaded.SPREAD_MIN_ELEMENTS // 1024}K elements\n")
     common.print_table(["conv layer, forward + backward, batch 64", "1 thread us",
-                        f"{count} threads, Python steps us", f"{count} threads, one call us",
-                        "speed-up, Python steps", "speed-up, one call"],
+                        f"{count} threads, Python steps us",
+                        f"{count} threads, region kernel us", "speed-up, Python steps",
+                        "speed-up, region kernel"],
                        regions(count, lambda: busy(long)))
 
 

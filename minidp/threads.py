@@ -124,16 +124,25 @@ def check() -> None:
                              "unset it")
 
 
-# How the runtimes' idle threads wait, read once by each library as it loads. A rank's
-# second core is shared by three pools: OpenBLAS's worker in a GEMM, Numba's (OpenMP's)
-# in a parallel kernel, minidp's own in a convolution's region. Each of the two
-# libraries' workers spins after its work by default, OpenBLAS's for 2**28 cycles (0.1 s)
-# and OpenMP's for about a millisecond, and held that core when the next pool's thread
-# needed it: a parallel SGD step of 0.1 ms took 3.7 ms after a GEMM, and the MLP's and
-# LeNet-5's steps at 2 threads took twice their 1-thread steps (bench_step.py on 2 cores,
-# docs/benchmarks.md). Spinning 2**14 cycles (7 us) and sleeping at once, they take 0.74
-# times (bench_step.py --no-torch); waking a sleeping worker costs 15-80 us instead.
-IDLE_WAIT = {"OPENBLAS_THREAD_TIMEOUT": "14", "OMP_WAIT_POLICY": "PASSIVE"}
+# How the runtimes' idle threads wait, read once by each library as it loads. Left to
+# themselves, OpenBLAS's worker spins 2**28 cycles (0.1 s) after its work and GNU
+# OpenMP's threads about a millisecond. A rank's other cores are shared by OpenBLAS's
+# worker (a large linear layer's GEMM), Numba's OpenMP threads (every parallel kernel,
+# and every convolution region: minidp.kernels.threaded.Plan.run_kernel) and minidp's
+# own Python pool (the few regions that keep Python steps: float64, the transposed
+# backward pass). A worker that spun for long held the core that the next pool's thread
+# needed: a parallel SGD step of 0.1 ms took 3.7 ms after a GEMM, and the MLP's and
+# LeNet-5's steps at 2 threads took twice their 1-thread steps (docs/benchmarks.md). So
+# OpenBLAS's worker spins 2**14 cycles (7 us) and sleeps, and an OpenMP runtime sleeps at
+# once (PASSIVE), except GNU OpenMP's (Numba's on Linux), whose threads spin 10000 rounds
+# (GOMP_SPINCOUNT, which it reads over the wait policy; 0.1-0.3 ms on 2026-12-03's
+# machine): a step's next parallel kernel or region finds them awake (2-5 us to start one
+# there, against 115-150 us once they slept, on a virtual machine whose idle cores halt),
+# and they are asleep before a layer as long as a large GEMM needs OpenBLAS's worker on
+# the core. They spin only where the node's ranks times their threads fit its cores
+# (:func:`idle_wait_settings`): a rank's spinning thread must not take another rank's core.
+IDLE_WAIT = {"OPENBLAS_THREAD_TIMEOUT": "14", "OMP_WAIT_POLICY": "PASSIVE",
+             "GOMP_SPINCOUNT": "10000"}
 
 
 @contextlib.contextmanager
@@ -142,8 +151,14 @@ def idle_wait_settings() -> Iterator[None]:
 
     Only while: they are this process's tuning, and a child process (a PyTorch job that
     ``benchmarks/bench_layouts.py`` launches) gets the user's environment, not minidp's.
+    A user's ``OMP_WAIT_POLICY`` decides OpenMP's wait alone (no spin count is added to
+    it), and OpenMP spins only where the ranks on this node times :func:`threads_per_rank`
+    are at most the cores this process may use.
     """
-    filled = [name for name in IDLE_WAIT if name not in os.environ]
+    fits = local_rank_count() * threads_per_rank() <= available_cores()
+    filled = [name for name in IDLE_WAIT if name not in os.environ
+              and not (name == "GOMP_SPINCOUNT"
+                       and ("OMP_WAIT_POLICY" in os.environ or not fits))]
     os.environ.update({name: IDLE_WAIT[name] for name in filled})
     try:
         yield

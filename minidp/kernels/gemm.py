@@ -1,16 +1,16 @@
 """NumPy's own matrix product, callable from inside a Numba kernel without the GIL.
 
-Why: a convolution's chunk (:mod:`minidp.kernels.threaded`) used to be a few lines of
-Python around three or four kernel calls (unfold, product, fold), each of which lets the
-GIL go and takes it back. With two threads in a region, a thread that comes back from a
-kernel while the other holds the GIL sleeps until it is released, and on a machine whose
-idle cores halt (a virtual machine, where waking a thread costs 50-250 us) those waits
-cost more than the second thread saves: LeNet-5's first convolution's backward took 1.21-
-1.36 ms on two threads against 0.98-1.01 on one. The same chunk as one call that releases
-the GIL once, its products inside, took 0.66-0.78 ms on two threads (docs/benchmarks.md).
-So on more than one thread the conv engines' chunks call the BLAS from inside their
-kernels, through this module (:func:`one_call_gemm` says when); on one there is no GIL
-to share, and the Python steps run, with the same bits.
+Why: a convolution's region (:mod:`minidp.kernels.threaded`) on two or more threads is
+one parallel Numba kernel, each thread running its chunks (unfold, product, fold) with
+no Python and no GIL in between, so the products must be called from inside the kernel.
+A chunk as Python around three or four kernel calls, each letting the GIL go and taking
+it back, ran slower on two threads than on one where idle cores halt (a virtual machine,
+where waking a thread that waited for the GIL costs 50-250 us): LeNet-5's first
+convolution's backward took 1.21-1.36 ms on two threads against 0.98-1.01 on one, and
+0.66-0.78 ms as one call per chunk with its products inside (docs/benchmarks.md). So on
+more than one thread the conv engines call the BLAS from inside their kernels, through
+this module (:func:`one_call_gemm` says when); on one there is no GIL to share, and the
+Python steps run, with the same bits.
 
 The product is the ``cblas_?gemm`` of the library NumPy itself calls for ``matmul``
 (found by threadpoolctl, the one in NumPy's own directory first), called with the
@@ -45,7 +45,7 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 _NAMES = (("scipy_", "64_", ctypes.c_int64), ("", "64_", ctypes.c_int64),
           ("scipy_", "", ctypes.c_int), ("", "", ctypes.c_int))
 
-# The dtypes whose chunks have one-call kernels: float32, what a step trains in. Compiling
+# The dtypes whose regions have parallel kernels: float32, what a step trains in. Compiling
 # them for float64 too (gradient checks) took 12 s more on the 2-core machine, of a tier
 # that every process running threads compiles first.
 ONE_CALL_DTYPES = (np.dtype(np.float32),)
@@ -112,9 +112,9 @@ def native(dtype: Any) -> Any:
 
 
 def one_call_gemm(arrays: list, sizes: tuple, plan: Any) -> Any:
-    """NumPy's cblas_?gemm when a region's chunks run as one kernel call each, else None.
+    """NumPy's cblas_?gemm when a region runs as one parallel kernel, else None.
 
-    They do for a :class:`~minidp.kernels.threaded.Plan` of more than one thread (on one
+    It does for a :class:`~minidp.kernels.threaded.Plan` of more than one thread (on one
     there is no GIL to share), on the Numba kernels, with every array of one dtype of
     :data:`ONE_CALL_DTYPES` and its product found (:func:`native`), and no side of the
     chunk's products (``sizes``) of 1: NumPy multiplies a vector by gemv, whose bits are

@@ -97,11 +97,11 @@ def _sum_taps_kernel(pm, k, out):  # pragma: no cover - compiled
                     dst[d + np.uint64(q)] += src[s + np.uint64(q)]
 
 
-# A chunk of the row-tap convolution (minidp.autograd.ops.rowtap) as one kernel call: the
-# GIL is let go once per chunk instead of once per step of it (minidp.kernels.gemm says
-# why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's matmul calls it for the
-# products rowtap.py writes in Python (the same bits); ``rows`` and ``spare`` a thread's
-# buffers, C-contiguous and of the shapes the steps need.
+# A chunk of the row-tap convolution (minidp.autograd.ops.rowtap) as one kernel, which
+# the region kernels below run on the rank's threads with no Python in between
+# (minidp.kernels.gemm says why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's
+# matmul calls it for the products rowtap.py writes in Python (the same bits); ``rows``
+# and ``spare`` a thread's buffers, C-contiguous and of the shapes the steps need.
 
 @numba.njit(cache=True, nogil=True)
 def _product(gemm, trans_a, trans_b, a, b, c):  # pragma: no cover - compiled
@@ -143,28 +143,64 @@ def _backward_chunk_kernel(gemm, g, x, w3t, k, rows, spare, want_w,
     return part
 
 
-def forward_chunk(gemm: Any, x: Any, w3: Any, bias: Any, k: int, rows: Any, spare: Any,
-                  out: Any) -> None:
-    """One chunk of the row-tap forward pass in one call (see the kernels above).
+# A region's chunks on the rank's threads in one parallel call (Plan.run_kernel): thread
+# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as the chunk kernel
+# above, into row t of ``rows`` and of ``spare``.
 
-    ``x`` (nb, C, H, W) and ``out`` (nb, F, H, W) are the chunk's, ``w3`` is W3 (k*F,
-    C*k), ``bias`` (F,) or None; ``rows`` (C*k, nb*Hp*W) and ``spare`` (k*F, nb*Hp*W)
-    the thread's buffers.
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _forward_region_kernel(bounds, starts, gemm, x, w3, bias, k, rows, spare,
+                           out):  # pragma: no cover - compiled
+    c, f = x.shape[1], out.shape[1]
+    per_sample = (x.shape[2] + k - 1) * x.shape[3]
+    for t in numba.prange(starts.size - 1):
+        for chunk in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+            columns = (hi - lo) * per_sample
+            _forward_chunk_kernel(gemm, x[lo:hi], w3, bias, k,
+                                  rows[t, :c * k * columns].reshape(c * k, columns),
+                                  spare[t, :k * f * columns].reshape(k * f, columns), out[lo:hi])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _backward_region_kernel(bounds, starts, gemm, g, x, w3t, k, rows, spare, want_w, gx,
+                            parts):  # pragma: no cover - compiled
+    c, f = x.shape[1], g.shape[1]
+    per_sample = (x.shape[2] + k - 1) * x.shape[3]
+    for t in numba.prange(starts.size - 1):
+        for chunk in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+            columns = (hi - lo) * per_sample
+            part = _backward_chunk_kernel(gemm, g[lo:hi], x[lo:hi], w3t, k,
+                                          rows[t, :f * k * columns].reshape(f * k, columns),
+                                          spare[t, :k * c * columns].reshape(k * c, columns),
+                                          want_w, gx[lo:hi] if gx.size else gx)
+            if want_w:
+                parts[chunk] = part
+
+
+def forward_region(gemm: Any, x: Any, w3: Any, bias: Any, k: int, plan: Any, rows: Any,
+                   spare: Any, out: Any) -> None:
+    """Every chunk of ``plan`` forward, on its threads in one call.
+
+    ``x`` and ``out`` are the whole batch's; ``rows`` and ``spare`` (plan.threads, size)
+    hold one thread's buffers a row.
     """
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(out.shape[1])
-    _forward_chunk_kernel(gemm, x, w3, bias, k, rows, spare, out)
+    plan.run_kernel(_forward_region_kernel, gemm, x, w3, bias, k, rows, spare, out)
 
 
-def backward_chunk(gemm: Any, g: Any, x: Any, w3t: Any, k: int, rows: Any, spare: Any,
-                   want_w: bool, gx: Any) -> Any:
-    """One chunk of the row-tap backward pass; returns dW' (F*k, k*C) or None.
+def backward_region(gemm: Any, g: Any, x: Any, w3t: Any, k: int, plan: Any, rows: Any,
+                    spare: Any, want_w: bool, gx: Any) -> Any:
+    """Every chunk of ``plan`` backward, on its threads in one call.
 
-    ``rows`` (F*k, nb*Hp*W) and ``spare`` (k*C, nb*Hp*W) are the thread's buffers; ``gx``
-    the chunk's input gradient to fill, or None.
+    Returns the chunks' dW' parts (chunks, F*k, k*C), in chunk order, or None.
     """
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
-    part = _backward_chunk_kernel(gemm, g, x, w3t, k, rows, spare, want_w, gx)
-    return part if want_w else None
+    f, c = g.shape[1], x.shape[1]
+    parts = np.empty((len(plan.bounds), f * k, k * c) if want_w else (0, 0, 0), g.dtype)
+    plan.run_kernel(_backward_region_kernel, gemm, g, x, w3t, k, rows, spare, want_w, gx,
+                    parts)
+    return parts if want_w else None
 
 
 def rows_reference(x: Any, k: int) -> Any:
@@ -238,7 +274,9 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        x, cols, w3 = np.zeros((1, 1, 2, 2), dtype=dtype), np.empty((3, 8), dtype=dtype), \
-            np.zeros((3, 3), dtype=dtype)
-        forward_chunk(gemm, x, w3, None, 3, cols, cols.copy(), x.copy())
-        backward_chunk(gemm, x, x, w3, 3, cols, cols.copy(), True, x.copy())
+        x, w3 = np.zeros((1, 1, 2, 2), dtype=dtype), np.zeros((3, 3), dtype=dtype)
+        rows, bounds, starts = np.empty((1, 24), dtype=dtype), np.array([[0, 1]]), np.array([0, 1])
+        _forward_region_kernel(bounds, starts, gemm, x, w3, np.empty(0, dtype), 3, rows,
+                               rows.copy(), x.copy())
+        _backward_region_kernel(bounds, starts, gemm, x, x, w3, 3, rows, rows.copy(), True,
+                                x.copy(), np.empty((1, 3, 3), dtype))

@@ -23,17 +23,26 @@ instead split each small per-sample product, with a fork and a join every time.
 
 * BLAS runs on one thread while a region runs (:func:`minidp.threads.blas_single_threaded`):
   T threads each calling a T-thread BLAS would put T*T threads on T cores.
-* The threads are Python threads of one persistent pool. With two or more, each engine
-  runs a chunk (in float32) as one Numba call that releases the GIL (``nogil=True``), its
-  GEMMs inside (NumPy's own ``cblas_?gemm``, :mod:`minidp.kernels.gemm`), so a thread
-  takes the GIL back once per chunk, for a few lines of Python. A chunk written as
-  Python around three or four kernel calls took it back after each: where idle cores
-  halt (a virtual machine) a thread that finds the GIL held sleeps and is woken 50-250 us
-  later, and LeNet-5's first convolution's backward ran slower on two threads than on
-  one. On one thread (no GIL to share) the Python steps run, with the same bits.
-* The kernels called inside are compiled serial (no ``parallel=True``): Numba's
+* A region runs one of two ways on two or more threads. On the Numba kernels in float32
+  (with NumPy's own ``cblas_sgemm`` found, :mod:`minidp.kernels.gemm`) each engine has a
+  region kernel: one parallel Numba call whose ``prange`` over the T threads gives
+  thread t part t's chunks, each run by the engine's chunk kernel (unfold or transform,
+  GEMMs called inside, fold or transform back) into thread t's buffers
+  (:meth:`Plan.run_kernel`). No Python runs in the region and no GIL is taken; its
+  threads are Numba's OpenMP threads, the ones the streaming kernels run on, which spin
+  briefly after each kernel (:data:`minidp.threads.IDLE_WAIT`), so that the step's next
+  region or kernel finds them awake. Elsewhere (float64, the transposed backward pass, a
+  product with a side of 1: :func:`minidp.kernels.gemm.one_call_gemm`) the Python
+  threads of one persistent pool each run their part's chunks as Python steps around
+  serial kernels (:meth:`Plan.run`); those kernels are compiled serial because Numba's
   workqueue threading layer, the one that is always there, aborts when two threads
-  launch parallel kernels at once.
+  launch parallel kernels at once. On one thread the Python steps run; a region kernel
+  runs the same steps with the products NumPy's matmul would call, so both give the same
+  bits. (The Python pool ran every region until 2026-12-03: a thread that came back from
+  a kernel to its chunk's few lines of Python while the other held the GIL slept, and
+  on a virtual machine whose idle cores halt it was woken 50-250 us later; handing a
+  region to the sleeping pool cost 190-240 us, against 2-5 us to start a parallel kernel
+  on threads still spinning.)
 * Results come back in chunk order, and the callers add the weight gradient's chunk
   sums in that order, so a run at a fixed thread count is bit-reproducible whichever
   thread finishes first. One thread cuts the chunks one thread always cut (the bits of
@@ -50,6 +59,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
+
+import numpy as np
 
 from minidp.kernels.jit import ensure_compiled
 from minidp.threads import blas_single_threaded, threads_in_force
@@ -158,6 +169,23 @@ class Plan:
         """Samples in the largest chunk (what a thread's buffers must hold)."""
         return max(hi - lo for lo, hi in self.bounds)
 
+    def run_kernel(self, kernel: Callable, *args: object) -> None:
+        """Run every chunk in one parallel kernel call: ``kernel(bounds, starts, *args)``.
+
+        ``bounds`` (chunks, 2) holds every chunk's (lo, hi) in sample order and ``starts``
+        (threads + 1) where each thread's chunks begin in it, so the kernel's ``prange``
+        over the threads gives thread t the chunks ``starts[t]:starts[t + 1]``, each run
+        as one chunk kernel into thread t's buffers. No Python thread and no GIL in the
+        region: Numba's threads run it, the ones its streaming kernels run on (see
+        :data:`minidp.threads.IDLE_WAIT`). BLAS runs on one thread meanwhile, as in
+        :meth:`run`.
+        """
+        bounds = np.array(self.bounds, dtype=np.int64).reshape(-1, 2)
+        starts = np.cumsum([0] + [len(part) for part in self.parts], dtype=np.int64)
+        ensure_compiled(parallel=True)  # the region kernels, in the prange tier
+        with blas_single_threaded():
+            kernel(bounds, starts, *args)
+
     def run(self, work: Callable[[int, int, int], _R]) -> list[_R]:
         """Call ``work(thread, lo, hi)`` for every chunk; the results in chunk order.
 
@@ -180,7 +208,6 @@ class Plan:
             with blas_single_threaded():
                 return part(0)
         ensure_compiled()  # here, not in two threads at once
-        ensure_compiled(parallel=True)  # the one-call chunks (minidp.kernels.gemm)
         with blas_single_threaded():
             executor = _executor(self.threads - 1)
             futures: list[Future] = [executor.submit(part, t) for t in range(1, self.threads)]

@@ -135,10 +135,11 @@ def _col2im_kernel(cols, kh, kw, stride, ph, pw, dx):  # pragma: no cover - comp
                             dst[d0 + np.uint64(k) * step] += src[o0 + np.uint64(k)]
 
 
-# A chunk of the im2col convolution (minidp.autograd.ops.conv) as one kernel call: the
-# GIL is let go once per chunk instead of once per step of it (minidp.kernels.gemm says
-# why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's matmul calls it for the
-# products conv.py writes in Python (the same bits); ``cols`` a thread's buffer.
+# A chunk of the im2col convolution (minidp.autograd.ops.conv) as one kernel, which the
+# region kernels below run on the rank's threads with no Python in between
+# (minidp.kernels.gemm says why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's
+# matmul calls it for the products conv.py writes in Python (the same bits); ``cols`` a
+# thread's buffer.
 
 @numba.njit(cache=True, nogil=True)
 def _product(gemm, trans_a, trans_b, a, b, c):  # pragma: no cover - compiled
@@ -207,40 +208,63 @@ def _backward_chunk_kernel(gemm, x, g3, w2, kh, kw, stride, ph, pw, cols, want_w
     return part
 
 
-def forward_chunk(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, cols: Any,
-                  out: Any) -> None:
-    """One chunk of the im2col forward pass in one call (see the kernels above).
+# A region's chunks on the rank's threads in one parallel call (Plan.run_kernel): thread
+# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as the chunk kernel
+# above, into row t of ``cols``.
 
-    Args:
-        gemm: :func:`minidp.kernels.gemm.native` for the dtype.
-        x: the chunk's samples (nb, C, H, W), C-contiguous.
-        w2: the weight as (F, C*kh*kw), C-contiguous.
-        bias: (F,) or None.
-        geometry: (kh, kw, stride, ph, pw).
-        cols: a buffer of at least C*kh*kw * nb*OH*OW elements.
-        out: the chunk's output (nb, F, OH, OW), C-contiguous.
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _forward_region_kernel(bounds, starts, gemm, x, w2, bias, kh, kw, stride, ph, pw, cols,
+                           out):  # pragma: no cover - compiled
+    rows, length = w2.shape[1], out.shape[2]
+    for t in numba.prange(starts.size - 1):
+        for chunk in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+            columns = (hi - lo) * length
+            _forward_chunk_kernel(gemm, x[lo:hi], w2, bias, kh, kw, stride, ph, pw,
+                                  cols[t, :rows * columns].reshape(rows, columns), out[lo:hi])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _backward_region_kernel(bounds, starts, gemm, x, g3, w2, kh, kw, stride, ph, pw, cols,
+                            want_w, gx, parts):  # pragma: no cover - compiled
+    rows, length = w2.shape[1], g3.shape[2]
+    for t in numba.prange(starts.size - 1):
+        for chunk in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+            columns = (hi - lo) * length
+            part = _backward_chunk_kernel(gemm, x[lo:hi], g3[lo:hi], w2, kh, kw, stride, ph,
+                                          pw, cols[t, :rows * columns].reshape(rows, columns),
+                                          want_w, gx[lo:hi] if gx.size else gx)
+            if want_w:
+                parts[chunk] = part
+
+
+def forward_region(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, plan: Any,
+                   cols: Any, out: Any) -> None:
+    """Every chunk of ``plan`` forward, on its threads in one call.
+
+    ``x`` and ``out`` are the whole batch's; ``cols`` (plan.threads, size) holds one
+    thread's buffer a row, of at least C*kh*kw * (samples of the largest chunk)*OH*OW
+    elements.
     """
-    nb, f = out.shape[0], out.shape[1]
-    rows, length = w2.shape[1], out.shape[2] * out.shape[3]
+    n, f = out.shape[0], out.shape[1]
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(f)
-    _forward_chunk_kernel(gemm, x, w2, bias, *geometry, cols[:rows * nb * length].reshape(
-        rows, nb * length), out.reshape(nb, f, length))
+    plan.run_kernel(_forward_region_kernel, gemm, x, w2, bias, *geometry, cols,
+                    out.reshape(n, f, -1))
 
 
-def backward_chunk(gemm: Any, x: Any, g: Any, w2: Any, geometry: tuple, cols: Any,
-                   want_w: bool, gx: Any) -> Any:
-    """One chunk of the unfolded backward pass; returns dW' (C*kh*kw, F) or None.
+def backward_region(gemm: Any, x: Any, g: Any, w2: Any, geometry: tuple, plan: Any,
+                    cols: Any, want_w: bool, gx: Any) -> Any:
+    """Every chunk of ``plan`` backward, on its threads in one call.
 
-    ``g`` is the chunk's output gradient (nb, F, OH, OW); ``gx`` the chunk's input
-    gradient to fill, or None.
+    Returns the chunks' dW' parts (chunks, C*kh*kw, F), in chunk order, or None.
     """
-    nb, f = g.shape[0], g.shape[1]
-    rows, length = w2.shape[1], g.shape[2] * g.shape[3]
+    n, f = g.shape[0], g.shape[1]
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
-    part = _backward_chunk_kernel(gemm, x, g.reshape(nb, f, length), w2, *geometry,
-                                  cols[:rows * nb * length].reshape(rows, nb * length),
-                                  want_w, gx)
-    return part if want_w else None
+    parts = np.empty((len(plan.bounds), w2.shape[1], f) if want_w else (0, 0, 0), g.dtype)
+    plan.run_kernel(_backward_region_kernel, gemm, x, g.reshape(n, f, -1), w2, *geometry,
+                    cols, want_w, gx, parts)
+    return parts if want_w else None
 
 
 def _windows(x: Any, kh: int, kw: int, stride: int, ph: int, pw: int) -> Any:
@@ -324,7 +348,10 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        x, cols = np.zeros((1, 1, 3, 3), dtype=dtype), np.empty(16, dtype=dtype)
-        w2, out = np.zeros((1, 4), dtype=dtype), np.empty((1, 1, 2, 2), dtype=dtype)
-        forward_chunk(gemm, x, w2, None, (2, 2, 1, 0, 0), cols, out)
-        backward_chunk(gemm, x, out, w2, (2, 2, 1, 0, 0), cols, True, x.copy())
+        x, out = np.zeros((1, 1, 3, 3), dtype=dtype), np.empty((1, 1, 4), dtype=dtype)
+        w2, cols = np.zeros((1, 4), dtype=dtype), np.empty((1, 16), dtype=dtype)
+        bounds, starts = np.array([[0, 1]]), np.array([0, 1])
+        _forward_region_kernel(bounds, starts, gemm, x, w2, np.empty(0, dtype), 2, 2, 1, 0, 0,
+                               cols, out)
+        _backward_region_kernel(bounds, starts, gemm, x, out, w2, 2, 2, 1, 0, 0, cols, True,
+                                x.copy(), np.empty((1, 4, 1), dtype))

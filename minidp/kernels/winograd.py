@@ -222,10 +222,11 @@ def _input_grad_kernel(dv, dx):  # pragma: no cover - compiled
 PLANE_PAD = 16  # elements between planes: see the module docstring
 
 
-# A chunk of the Winograd convolution (minidp.autograd.ops.winograd) as one kernel call:
-# the GIL is let go once per chunk instead of once per step of it (minidp.kernels.gemm
-# says why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's stacked matmul calls it
-# for the products winograd.py writes in Python (the same bits): once per plane.
+# A chunk of the Winograd convolution (minidp.autograd.ops.winograd) as one kernel, which
+# the region kernels below run on the rank's threads with no Python in between
+# (minidp.kernels.gemm says why). ``gemm`` is NumPy's cblas_?gemm, called as NumPy's
+# stacked matmul calls it for the products winograd.py writes in Python (the same
+# bits): once per plane.
 
 @numba.njit(cache=True, nogil=True)
 def _plane_products(gemm, trans_a, trans_b, m, n, k, a, lda, b, ldb, c,
@@ -240,12 +241,11 @@ def _plane_products(gemm, trans_a, trans_b, m, n, k, a, lda, b, ldb, c,
 
 
 @numba.njit(cache=True, nogil=True)
-def _forward_chunk_kernel(gemm, x, u, bias, m, out):  # pragma: no cover - compiled
-    """V = B^T x B (returned), M = U @ V, out = A^T M A (+ bias (F,); empty: none)."""
+def _forward_chunk_kernel(gemm, x, u, bias, v, m, out):  # pragma: no cover - compiled
+    """V = B^T x B (into v), M = U @ V, out = A^T M A (+ bias (F,); empty: none)."""
     n, c, h, w = x.shape
     f = u.shape[1]
     count = n * ((h + 1) // 2) * ((w + 1) // 2)
-    v = np.empty((16, c * count + PLANE_PAD), x.dtype)
     _input_kernel(x, v)
     _plane_products(gemm, NO_TRANS, NO_TRANS, f, count, c, u, c, v, count, m, count)
     _output_kernel(m, out)
@@ -253,7 +253,6 @@ def _forward_chunk_kernel(gemm, x, u, bias, m, out):  # pragma: no cover - compi
         for i in range(n):
             for ch in range(f):
                 out[i, ch] += bias[ch]
-    return v
 
 
 @numba.njit(cache=True, nogil=True)
@@ -272,27 +271,61 @@ def _backward_chunk_kernel(gemm, g, u, v, dm, dv, want_w, gx):  # pragma: no cov
     return part
 
 
-def forward_chunk(gemm: Any, x: Any, u: Any, bias: Any, m: Any, out: Any) -> Any:
-    """One chunk of the Winograd forward pass in one call; returns its planes V.
+# A region's chunks on the rank's threads in one parallel call (Plan.run_kernel): thread
+# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as the chunk kernel
+# above, into its plane buffers m[t] (dm[t], dv[t]); chunk i's planes V are v[i].
 
-    ``x`` (nb, C, H, W) and ``out`` (nb, F, H, W) are the chunk's, ``u`` is U (16, F, C),
-    ``bias`` (F,) or None, ``m`` the thread's plane buffer for M.
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _forward_region_kernel(bounds, starts, gemm, x, u, bias, v, m,
+                           out):  # pragma: no cover - compiled
+    for t in numba.prange(starts.size - 1):
+        for chunk in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+            _forward_chunk_kernel(gemm, x[lo:hi], u, bias, v[chunk], m[t], out[lo:hi])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _backward_region_kernel(bounds, starts, gemm, g, u, v, dm, dv, want_w, gx,
+                            parts):  # pragma: no cover - compiled
+    for t in numba.prange(starts.size - 1):
+        for chunk in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+            part = _backward_chunk_kernel(gemm, g[lo:hi], u, v[chunk], dm[t], dv[t], want_w,
+                                          gx[lo:hi] if gx.size else gx)
+            if want_w:
+                parts[chunk] = part
+
+
+def forward_region(gemm: Any, x: Any, u: Any, bias: Any, plan: Any, m: Any, out: Any) -> Any:
+    """Every chunk of ``plan`` forward on its threads in one call; returns the chunks' V.
+
+    ``x`` (N, C, H, W) and ``out`` (N, F, H, W) are the whole batch's, ``u`` is U (16, F,
+    C), ``bias`` (F,) or None, ``m`` (plan.threads, 16, size) one thread's plane buffer
+    for M a row. The planes V come back as (chunks, 16, size): chunk i's plane buffer is
+    row i, as :func:`planes` reads it.
     """
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(out.shape[1])
-    return _forward_chunk_kernel(gemm, x, u, bias, m, out)
+    th, tw = tiles(*x.shape[2:])
+    v = np.empty((len(plan.bounds), 16, x.shape[1] * plan.largest * th * tw + PLANE_PAD),
+                 x.dtype)
+    plan.run_kernel(_forward_region_kernel, gemm, x, u, bias, v, m, out)
+    return v
 
 
-def backward_chunk(gemm: Any, g: Any, u: Any, v: Any, dm: Any, dv: Any, want_w: bool,
-                   gx: Any) -> Any:
-    """One chunk of the Winograd backward pass; returns its part of dU (16, C, F) or None.
+def backward_region(gemm: Any, g: Any, u: Any, v: Any, plan: Any, dm: Any, dv: Any,
+                    want_w: bool, gx: Any) -> Any:
+    """Every chunk of ``plan`` backward on its threads in one call; returns the dU parts.
 
-    ``g`` is the chunk's output gradient, ``u`` U (16, F, C) (not transposed), ``v`` the
-    chunk's planes from the forward pass, ``dm`` and ``dv`` the thread's plane buffers,
-    ``gx`` the chunk's input gradient to fill, or None.
+    ``g`` is the whole batch's output gradient, ``u`` U (16, F, C) (not transposed), ``v``
+    what :func:`forward_region` returned, ``dm`` and ``dv`` (plan.threads, 16, size) the
+    threads' plane buffers, ``gx`` the input gradient to fill, or None. The parts are
+    (chunks, 16, C, F), in chunk order, or None.
     """
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
-    part = _backward_chunk_kernel(gemm, g, u, v, dm, dv, want_w, gx)
-    return part if want_w else None
+    c, f = u.shape[2], u.shape[1]
+    parts = np.empty((len(plan.bounds), 16, c, f) if want_w else (0, 0, 0, 0), g.dtype)
+    plan.run_kernel(_backward_region_kernel, gemm, g, u, v, dm, dv, want_w, gx, parts)
+    return parts if want_w else None
 
 
 def plane_buffer(channels: int, count: int, dtype: Any, xp: Any = np) -> Any:
@@ -426,7 +459,9 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        x, buffer, u = np.zeros((1, 1, 2, 2), dtype=dtype), plane_buffer(1, 1, dtype), \
-            np.zeros((16, 1, 1), dtype=dtype)
-        v = forward_chunk(gemm, x, u, None, plane_buffer(1, 1, dtype), x.copy())
-        backward_chunk(gemm, x, u, v, buffer, plane_buffer(1, 1, dtype), True, x.copy())
+        x, u = np.zeros((1, 1, 2, 2), dtype=dtype), np.zeros((16, 1, 1), dtype=dtype)
+        bounds, starts = np.array([[0, 1]]), np.array([0, 1])
+        v, m = plane_buffer(1, 1, dtype)[None], plane_buffer(1, 1, dtype)[None]
+        _forward_region_kernel(bounds, starts, gemm, x, u, np.empty(0, dtype), v, m, x.copy())
+        _backward_region_kernel(bounds, starts, gemm, x, u, v, m, m.copy(), True, x.copy(),
+                                np.empty((1, 16, 1, 1), dtype))

@@ -101,7 +101,7 @@ def test_an_explicit_thread_setting_is_honoured_and_reported():
     assert info["threads"]["chosen_by"] == "OMP_NUM_THREADS=1"
 
 
-def test_the_runtimes_idle_threads_sleep_unless_the_user_says_otherwise():
+def test_the_runtimes_idle_threads_wait_as_minidp_sets_unless_the_user_says_otherwise():
     # OpenBLAS reads its variable as NumPy loads it, OpenMP (Numba's layer) as it loads;
     # both load inside `import minidp`, and a child process gets the user's environment.
     code = ("import os, sys\n"
@@ -112,23 +112,33 @@ def test_the_runtimes_idle_threads_sleep_unless_the_user_says_otherwise():
             "sys.meta_path.insert(0, Spy())\n"
             "import minidp\n"
             "print('after', os.environ.get('OPENBLAS_THREAD_TIMEOUT'), "
-            "os.environ.get('OMP_WAIT_POLICY'))\n"
+            "os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))\n"
             "import numba\n"
             "print(numba.threading_layer())\n")
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_THREAD_TIMEOUT", "OMP_WAIT_POLICY")}
-    env["OMP_DISPLAY_ENV"] = "TRUE"  # libgomp prints the settings it read as it loads
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, check=True)
-    lines = proc.stdout.split("\n")
-    assert lines[:2] == ["numpy 14", "after None None"]
+           if k not in ("OPENBLAS_THREAD_TIMEOUT", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+                        "MINIDP_NUM_THREADS", "MPI_LOCALNRANKS")}
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"  # libgomp prints the settings it read as it loads
+
+    def child(**extra):
+        proc = subprocess.run([sys.executable, "-c", code], env=dict(env, **extra),
+                              capture_output=True, text=True, check=True)
+        return proc.stdout.split("\n"), proc.stderr
+
+    lines, settings = child()
+    assert lines[:2] == ["numpy 14", "after None None None"]
     openmp = lines[2] == "omp"  # Numba's layer is OpenMP (else TBB or its own workqueue)
-    assert not openmp or "OMP_WAIT_POLICY = 'PASSIVE'" in proc.stderr
-    env.update(OPENBLAS_THREAD_TIMEOUT="20", OMP_WAIT_POLICY="ACTIVE")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, check=True)
-    assert proc.stdout.split("\n")[:2] == ["numpy 20", "after 20 ACTIVE"]
-    assert not openmp or "OMP_WAIT_POLICY = 'ACTIVE'" in proc.stderr
+    # GNU OpenMP: asleep after 10000 rounds of spinning (a rank's threads fill the cores)
+    assert not openmp or ("OMP_WAIT_POLICY = 'PASSIVE'" in settings
+                          and "GOMP_SPINCOUNT = '10000'" in settings)
+    # more ranks on this node than cores (a thread each): no spinning
+    lines, settings = child(MPI_LOCALNRANKS=str(len(os.sched_getaffinity(0)) + 1))
+    assert lines[1] == "after None None None"
+    assert not openmp or "GOMP_SPINCOUNT = '0'" in settings
+    lines, settings = child(OPENBLAS_THREAD_TIMEOUT="20", OMP_WAIT_POLICY="ACTIVE")
+    assert lines[:2] == ["numpy 20", "after 20 ACTIVE None"]
+    assert not openmp or ("OMP_WAIT_POLICY = 'ACTIVE'" in settings
+                          and "GOMP_SPINCOUNT = '10000'" not in settings)
 
 
 def test_a_bad_thread_variable_never_breaks_import_and_is_a_user_error_in_train():

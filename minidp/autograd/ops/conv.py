@@ -36,10 +36,11 @@ With several threads per rank, each thread takes a contiguous part of the batch 
 runs the chunk loop above on it with one-thread GEMMs (:mod:`minidp.kernels.threaded`):
 the loops here are written as the work of one chunk, ``chunk(thread, lo, hi)``, which
 a :class:`~minidp.kernels.threaded.Plan` runs; each thread has its own buffers. On the
-Numba kernels, with more than one thread, a chunk's steps run as one kernel call
-(``minidp.kernels.unfold``'s ``forward_chunk`` and ``backward_chunk``: the same steps
-with NumPy's own GEMM inside, the same bits), so that a thread takes the GIL once per
-chunk (:mod:`minidp.kernels.gemm` says why). The Python steps below run everywhere else:
+Numba kernels, with more than one thread, the whole region is one parallel kernel call
+(``minidp.kernels.unfold``'s ``forward_region`` and ``backward_region``: each thread its
+chunks, the same steps with NumPy's own GEMM inside, the same bits), with no Python and
+no GIL between a thread's steps (:mod:`minidp.kernels.gemm` says why). The Python steps
+below run everywhere else:
 on one thread, on CuPy and the NumPy references, in float64, for the transposed
 backward pass (no model here takes it), and where a product has a side of 1 (NumPy
 runs gemv there).
@@ -123,8 +124,8 @@ class Unfolder:
         self.size = output_size(h, kh, stride, ph) * output_size(w, kw, stride, pw)
         self.plan = plan(a, self.rows * self.size * a.dtype.itemsize)
         count = self.rows * self.plan.largest * self.size
-        self.buffers = ([array_module(a).empty(count, dtype=a.dtype)
-                         for _ in range(self.plan.threads)]
+        # (threads, count): one thread's buffer a row, as a region kernel takes them
+        self.buffers = (array_module(a).empty((self.plan.threads, count), dtype=a.dtype)
                         if len(self.plan.bounds) > 1 else None)
 
     def columns(self, thread: int, lo: int, hi: int) -> Any:
@@ -134,12 +135,6 @@ class Unfolder:
             buffer = self.buffers[thread]
             out = buffer[:self.rows * (hi - lo) * self.size].reshape(self.rows, -1)
         return im2col(self.a[lo:hi], *self.geometry, out=out)
-
-    def scratch(self, thread: int, lo: int, hi: int) -> Any:
-        """A flat array for the columns of samples lo..hi: ``thread``'s buffer, or a new one."""
-        if self.buffers is not None:
-            return self.buffers[thread]
-        return array_module(self.a).empty(self.rows * (hi - lo) * self.size, dtype=self.a.dtype)
 
 
 class Conv2d(Function):
@@ -178,11 +173,12 @@ class Conv2d(Function):
         native = one_call_gemm([x, w2] + ([] if bias is None else [bias]),
                                (f, oh * ow, w2.shape[1]), unfold.plan)
 
+        if native is not None:  # the chunks below, on the rank's threads in one kernel call
+            unfold_chunk.forward_region(native, x, w2, bias, unfold.geometry, unfold.plan,
+                                        unfold.buffers, out)
+            return out
+
         def chunk(thread: int, lo: int, hi: int) -> None:
-            if native is not None:  # the same steps as below, in one kernel call
-                unfold_chunk.forward_chunk(native, x[lo:hi], w2, bias, unfold.geometry,
-                                           unfold.scratch(thread, lo, hi), out[lo:hi])
-                return
             xp.matmul(w2, per_sample(unfold.columns(thread, lo, hi), hi - lo), out=out3[lo:hi])
             if bias is not None:
                 out[lo:hi] += bias
@@ -255,18 +251,17 @@ class Conv2d(Function):
         native = one_call_gemm([g, self.x, w2], (f, oh * ow, w2.shape[1]), unfold.plan)
 
         def chunk(thread: int, lo: int, hi: int) -> Any:
-            if native is not None:  # the same steps as below, in one kernel call
-                return unfold_chunk.backward_chunk(
-                    native, self.x[lo:hi], g[lo:hi], w2, unfold.geometry,
-                    unfold.scratch(thread, lo, hi), self.wants(1),
-                    None if gx is None else gx[lo:hi])
             g2 = by_channel(g3[lo:hi])  # (F, nb*OH*OW)
             part = unfold.columns(thread, lo, hi) @ g2.T if self.wants(1) else None  # (C*kh*kw, F)
             if self.wants(0):
                 col2im(w2.T @ g2, gx[lo:hi], kh, kw, stride, p, p)
             return part
 
-        parts = unfold.plan.run(chunk)
+        if native is not None:  # the same chunks, on the rank's threads in one kernel call
+            parts = unfold_chunk.backward_region(native, self.x, g, w2, unfold.geometry,
+                                                 unfold.plan, unfold.buffers, self.wants(1), gx)
+        else:
+            parts = unfold.plan.run(chunk)
         if not self.wants(1):
             return gx, None
         return gx, xp.ascontiguousarray(fold(parts).T).reshape(self.w.shape)

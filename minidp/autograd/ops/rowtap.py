@@ -13,17 +13,16 @@ faster in BLAS, on a third of the copying; a shifted sum adds the k row taps::
 One ``rows(g)`` per chunk serves both gradients, whose chunk sums are added in chunk
 order. With several threads each runs its own chunks (a
 :class:`~minidp.kernels.threaded.Plan`), with buffers of its own. On the Numba kernels,
-with more than one thread, a chunk is one kernel call (``minidp.kernels.taps``'
-``forward_chunk`` and ``backward_chunk``: the steps below, NumPy's own GEMM inside, the
-same bits; see :mod:`minidp.kernels.gemm`). Off the kernels (CuPy, ``NUMBA_DISABLE_JIT=1``)
+with more than one thread, the whole region is one parallel kernel call
+(``minidp.kernels.taps``' ``forward_region`` and ``backward_region``: each thread its
+chunks, the steps below with NumPy's own GEMM inside, the same bits; see
+:mod:`minidp.kernels.gemm`). Off the kernels (CuPy, ``NUMBA_DISABLE_JIT=1``)
 the whole batch is one chunk of NumPy/CuPy references.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import taps
@@ -52,26 +51,24 @@ def bytes_per_sample(x_shape: tuple, w_shape: tuple, itemsize: int) -> int:
 
 
 class _Buffers:
-    """Reused flat arrays for one thread's chunks of a batch (None off the kernels)."""
+    """Reused arrays for the chunks of a batch, each thread's own (None off the kernels).
+
+    ``flat[i]`` is (threads, size): one thread's buffer i a row, as a region kernel takes
+    them; buffer i of a chunk is ``rows[i]`` rows of its samples' columns.
+    """
 
     def __init__(self, a: Any, rows: tuple, plan: Plan, columns_per_sample: int) -> None:
-        self.rows, self.per_sample, self.dtype = rows, columns_per_sample, a.dtype
-        self.flat = ([array_module(a).empty(r * plan.largest * columns_per_sample, dtype=a.dtype)
-                      for r in rows] if use_kernels(a) and len(plan.bounds) > 1 else None)
+        self.rows, self.per_sample = rows, columns_per_sample
+        self.flat = ([array_module(a).empty((plan.threads, r * plan.largest * columns_per_sample),
+                                            dtype=a.dtype) for r in rows]
+                     if use_kernels(a) and len(plan.bounds) > 1 else None)
 
-    def get(self, i: int, lo: int, hi: int) -> Any:
-        """Array i as a contiguous (rows[i], columns of samples lo..hi), or None."""
+    def get(self, thread: int, i: int, lo: int, hi: int) -> Any:
+        """``thread``'s array i as a contiguous (rows[i], columns of samples lo..hi), or None."""
         if self.flat is None:
             return None
         rows = self.rows[i]
-        return self.flat[i][:rows * (hi - lo) * self.per_sample].reshape(rows, -1)
-
-    def scratch(self, i: int, lo: int, hi: int) -> Any:
-        """Array i as :meth:`get` gives it, or a new one where there are no buffers."""
-        got = self.get(i, lo, hi)
-        if got is None:
-            return np.empty((self.rows[i], (hi - lo) * self.per_sample), dtype=self.dtype)
-        return got
+        return self.flat[i][thread, :rows * (hi - lo) * self.per_sample].reshape(rows, -1)
 
 
 def forward(x: Any, w: Any, bias: Any, plan: Plan) -> Any:
@@ -81,18 +78,16 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> Any:
     f, k = w.shape[0], w.shape[2]
     w3 = xp.ascontiguousarray(w.transpose(2, 0, 1, 3)).reshape(k * f, c * k)  # (i,f), (c,j)
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
-    buffers = [_Buffers(x, (c * k, k * f), plan, (h + k - 1) * wd) for _ in range(plan.threads)]
+    buffers = _Buffers(x, (c * k, k * f), plan, (h + k - 1) * wd)
     native = one_call_gemm([x, w3] + ([] if bias is None else [bias]), (k * f, c * k),
                            plan)
+    if native is not None:  # the chunks below, on the rank's threads in one kernel call
+        taps.forward_region(native, x, w3, bias, k, plan, *buffers.flat, out)
+        return out
 
     def chunk(thread: int, lo: int, hi: int) -> None:
-        mine = buffers[thread]
-        if native is not None:  # the same steps as below, in one kernel call
-            taps.forward_chunk(native, x[lo:hi], w3, bias, k, mine.scratch(0, lo, hi),
-                               mine.scratch(1, lo, hi), out[lo:hi])
-            return
-        rows = tap_rows(x[lo:hi], k, out=mine.get(0, lo, hi))
-        sum_taps(xp.matmul(w3, rows, out=mine.get(1, lo, hi)), k, out[lo:hi])
+        rows = tap_rows(x[lo:hi], k, out=buffers.get(thread, 0, lo, hi))
+        sum_taps(xp.matmul(w3, rows, out=buffers.get(thread, 1, lo, hi)), k, out[lo:hi])
         if bias is not None:
             out[lo:hi] += bias
 
@@ -108,24 +103,22 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, want_x: bool, want_w: bool) -> 
     flipped = w[:, :, ::-1, ::-1]
     w3t = xp.ascontiguousarray(flipped.transpose(2, 1, 0, 3)).reshape(k * c, f * k)
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
-    buffers = [_Buffers(g, (f * k, k * c), plan, (h + k - 1) * wd) for _ in range(plan.threads)]
+    buffers = _Buffers(g, (f * k, k * c), plan, (h + k - 1) * wd)
     native = one_call_gemm([g, x, w3t], (k * c, f * k), plan)
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
-        mine = buffers[thread]
-        if native is not None:  # the same steps as below, in one kernel call
-            return taps.backward_chunk(native, g[lo:hi], x[lo:hi], w3t, k,
-                                       mine.scratch(0, lo, hi), mine.scratch(1, lo, hi),
-                                       want_w, gx[lo:hi] if want_x else None)
-        rows = tap_rows(g[lo:hi], k, out=mine.get(0, lo, hi))  # (F*k, nb*Hp*W)
+        rows = tap_rows(g[lo:hi], k, out=buffers.get(thread, 0, lo, hi))  # (F*k, nb*Hp*W)
         if want_x:
-            sum_taps(xp.matmul(w3t, rows, out=mine.get(1, lo, hi)), k, gx[lo:hi])
+            sum_taps(xp.matmul(w3t, rows, out=buffers.get(thread, 1, lo, hi)), k, gx[lo:hi])
         if not want_w:
             return None
         # the product's buffer is free again: it takes the shifted copies of x
-        return rows @ row_shifts(x[lo:hi], k, out=mine.get(1, lo, hi)).T  # (f,j'),(i',c)
+        return rows @ row_shifts(x[lo:hi], k, out=buffers.get(thread, 1, lo, hi)).T  # (f,j'),(i',c)
 
-    parts = plan.run(chunk)
+    if native is not None:  # the same chunks, on the rank's threads in one kernel call
+        parts = taps.backward_region(native, g, x, w3t, k, plan, *buffers.flat, want_w, gx)
+    else:
+        parts = plan.run(chunk)
     gw = None
     if want_w:
         gw = fold(parts).reshape(f, k, k, c)

@@ -16,9 +16,10 @@ the GEMM::
 
 NumPy's stacked ``matmul`` runs the 16 products of a chunk in one call. With several
 threads each runs its own chunks, with buffers of its own. On the Numba kernels, with
-more than one thread, a chunk is one kernel call (``minidp.kernels.winograd``'s
-``forward_chunk`` and ``backward_chunk``: the steps below, NumPy's own GEMM inside, plane
-by plane as its stacked matmul calls it; see :mod:`minidp.kernels.gemm`). Off the kernels (CuPy,
+more than one thread, the whole region is one parallel kernel call
+(``minidp.kernels.winograd``'s ``forward_region`` and ``backward_region``: each thread its
+chunks, the steps below with NumPy's own GEMM inside, plane by plane as its stacked
+matmul calls it; see :mod:`minidp.kernels.gemm`). Off the kernels (CuPy,
 ``NUMBA_DISABLE_JIT=1``) the transforms are NumPy/CuPy einsums over the whole batch.
 """
 
@@ -32,12 +33,12 @@ from minidp.kernels.gemm import one_call_gemm
 from minidp.kernels.jit import use_kernels
 from minidp.kernels.threaded import Plan, fold
 from minidp.kernels.winograd import (
+    PLANE_PAD,
     G,
     input_grad,
     input_transform,
     output_grad,
     output_transform,
-    plane_buffer,
     planes,
     tiles,
 )
@@ -60,12 +61,16 @@ def bytes_per_sample(x_shape: tuple, w_shape: tuple, itemsize: int) -> int:
     return 16 * (x_shape[1] + w_shape[0]) * th * tw * itemsize
 
 
-def _buffers(a: Any, channels: int, plan: Plan, per_sample: int) -> list:
-    """A plane buffer per thread, which its chunks reuse (Nones off the kernels)."""
+def _buffers(a: Any, channels: int, plan: Plan, per_sample: int) -> Any:
+    """A plane buffer per thread, which its chunks reuse (Nones off the kernels).
+
+    On the kernels (threads, 16, size): thread t's plane buffer is row t, as a region
+    kernel takes them.
+    """
     if not use_kernels(a):
         return [None] * plan.threads
-    return [plane_buffer(channels, plan.largest * per_sample, a.dtype)
-            for _ in range(plan.threads)]
+    return array_module(a).empty((plan.threads, 16, channels * plan.largest * per_sample
+                                  + PLANE_PAD), dtype=a.dtype)
 
 
 def _weight_transform(w: Any) -> Any:
@@ -125,10 +130,10 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
     native = one_call_gemm([x, u] + ([] if bias is None else [bias]),
                            (f, c, _fewest_tiles(plan, th * tw)), plan)
 
+    if native is not None:  # the chunks below, on the rank's threads in one kernel call
+        return out, kernels.forward_region(native, x, u, bias, plan, m_buffers, out)
+
     def chunk(thread: int, lo: int, hi: int) -> Any:
-        if native is not None:  # the same steps as below, in one kernel call
-            return kernels.forward_chunk(native, x[lo:hi], u, bias, m_buffers[thread],
-                                         out[lo:hi])
         v = input_transform(x[lo:hi])  # (16, C, T) planes
         m = _product(u, v, c, f, (hi - lo) * th * tw, m_buffers[thread])
         output_transform(m, out[lo:hi])
@@ -155,14 +160,12 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, inputs: list, want_x: bool,
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
     dm_buffers, dv_buffers = _buffers(g, f, plan, th * tw), _buffers(g, c, plan, th * tw)
     first = {lo: k for k, (lo, _) in enumerate(plan.bounds)}  # a chunk's index in inputs
-    native = one_call_gemm([g, x, u], (f, c, _fewest_tiles(plan, th * tw)), plan)
+    # the forward's chunks came from the region kernel (one array) or from Python (a list)
+    native = (one_call_gemm([g, x, u], (f, c, _fewest_tiles(plan, th * tw)), plan)
+              if not isinstance(inputs, list) else None)
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
         count, v = (hi - lo) * th * tw, inputs[first[lo]]
-        if native is not None:  # the same steps as below, in one kernel call
-            return kernels.backward_chunk(native, g[lo:hi], u, v, dm_buffers[thread],
-                                          dv_buffers[thread], want_w,
-                                          gx[lo:hi] if want_x else None)
         dm = output_grad(g[lo:hi], out=dm_buffers[thread])
         if want_x:
             input_grad(_product(ut, dm, f, c, count, dv_buffers[thread]), gx[lo:hi])
@@ -170,5 +173,9 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, inputs: list, want_x: bool,
             return xp.matmul(planes(v, c, count), planes(dm, f, count).transpose(0, 2, 1))
         return None
 
-    parts = plan.run(chunk)
+    if native is not None:  # the same chunks, on the rank's threads in one kernel call
+        parts = kernels.backward_region(native, g, u, inputs, plan, dm_buffers, dv_buffers,
+                                        want_w, gx)
+    else:
+        parts = plan.run(chunk)
     return gx, _weight_grad(fold(parts)) if want_w else None
