@@ -116,12 +116,16 @@ def one_call_gemm(arrays: list, sizes: tuple, plan: Any) -> Any:
 
     It does for a :class:`~minidp.kernels.threaded.Plan` of more than one thread (on one
     there is no GIL to share), on the Numba kernels, with every array of one dtype of
-    :data:`ONE_CALL_DTYPES` and its product found (:func:`native`), and no side of the
-    chunk's products (``sizes``) of 1: NumPy multiplies a vector by gemv, whose bits are
-    not gemm's.
+    :data:`ONE_CALL_DTYPES` and its product found (:func:`native`), every array
+    C-contiguous, aligned and writeable (the region kernels are compiled for such arrays
+    only: :func:`minidp.kernels.threaded.first_class`), and no side of the chunk's
+    products (``sizes``) of 1: NumPy multiplies a vector by gemv, whose bits are not
+    gemm's.
     """
     dtypes = {a.dtype for a in arrays}
     if (plan.threads < 2 or not use_kernels(*arrays) or len(dtypes) != 1
-            or dtypes.pop() not in ONE_CALL_DTYPES or min(sizes) < 2):
+            or dtypes.pop() not in ONE_CALL_DTYPES or min(sizes) < 2
+            or not all(a.flags.c_contiguous and a.flags.aligned and a.flags.writeable
+                       for a in arrays)):
         return None
     return native(arrays[0].dtype)

@@ -21,6 +21,7 @@ vectorise.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numba
@@ -34,6 +35,7 @@ from minidp.kernels.jit import (
     register_warmup,
     use_kernels,
 )
+from minidp.kernels.threaded import c_array, first_class, region_signature
 
 
 @numba.njit(cache=True, nogil=True)
@@ -129,53 +131,59 @@ def _forward_chunk_kernel(gemm, x, w3, bias, k, rows, spare, out):  # pragma: no
 
 
 @numba.njit(cache=True, nogil=True)
-def _backward_chunk_kernel(gemm, g, x, w3t, k, rows, spare, want_w,
-                           gx):  # pragma: no cover - compiled
-    """Gx = sum_taps(W3' @ rows(g)) (gx empty: not wanted); dW' = rows(g) @ S(x).T."""
+def _backward_chunk_kernel(gemm, g, x, w3t, k, rows, spare, want_w, gx,
+                           part):  # pragma: no cover - compiled
+    """Gx = sum_taps(W3' @ rows(g)) (gx empty: not wanted); dW' = rows(g) @ S(x).T into part."""
     _rows_kernel(g, k, rows)
     if gx.size:
         _product(gemm, NO_TRANS, NO_TRANS, w3t, rows, spare)
         _sum_taps_kernel(spare, k, gx)
-    part = np.empty((rows.shape[0] if want_w else 0, spare.shape[0]), g.dtype)
     if want_w:  # the product's buffer is free again: it takes the shifted copies of x
         _shifts_kernel(x, k, spare)
         _product(gemm, NO_TRANS, TRANS, rows, spare, part)
-    return part
 
 
 # A region's chunks on the rank's threads in one parallel call (Plan.run_kernel): thread
-# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as the chunk kernel
-# above, into row t of ``rows`` and of ``spare``.
+# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as one call of ``chunk``
+# (the chunk kernel above, through its address: threaded.first_class), into row t of
+# ``rows`` and of ``spare``.
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _forward_region_kernel(bounds, starts, gemm, x, w3, bias, k, rows, spare,
+def _forward_region_kernel(bounds, starts, chunk, gemm, x, w3, bias, k, rows, spare,
                            out):  # pragma: no cover - compiled
     c, f = x.shape[1], out.shape[1]
     per_sample = (x.shape[2] + k - 1) * x.shape[3]
     for t in numba.prange(starts.size - 1):
-        for chunk in range(starts[t], starts[t + 1]):
-            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+        for i in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[i, 0], bounds[i, 1]
             columns = (hi - lo) * per_sample
-            _forward_chunk_kernel(gemm, x[lo:hi], w3, bias, k,
-                                  rows[t, :c * k * columns].reshape(c * k, columns),
-                                  spare[t, :k * f * columns].reshape(k * f, columns), out[lo:hi])
+            chunk(gemm, x[lo:hi], w3, bias, k, rows[t, :c * k * columns].reshape(c * k, columns),
+                  spare[t, :k * f * columns].reshape(k * f, columns), out[lo:hi])
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _backward_region_kernel(bounds, starts, gemm, g, x, w3t, k, rows, spare, want_w, gx,
-                            parts):  # pragma: no cover - compiled
+def _backward_region_kernel(bounds, starts, chunk, gemm, g, x, w3t, k, rows, spare, want_w,
+                            gx, parts):  # pragma: no cover - compiled
     c, f = x.shape[1], g.shape[1]
     per_sample = (x.shape[2] + k - 1) * x.shape[3]
     for t in numba.prange(starts.size - 1):
-        for chunk in range(starts[t], starts[t + 1]):
-            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+        for i in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[i, 0], bounds[i, 1]
             columns = (hi - lo) * per_sample
-            part = _backward_chunk_kernel(gemm, g[lo:hi], x[lo:hi], w3t, k,
-                                          rows[t, :f * k * columns].reshape(f * k, columns),
-                                          spare[t, :k * c * columns].reshape(k * c, columns),
-                                          want_w, gx[lo:hi] if gx.size else gx)
-            if want_w:
-                parts[chunk] = part
+            chunk(gemm, g[lo:hi], x[lo:hi], w3t, k,
+                  rows[t, :f * k * columns].reshape(f * k, columns),
+                  spare[t, :k * c * columns].reshape(k * c, columns), want_w,
+                  gx[lo:hi] if gx.size else gx, parts[i])
+
+
+def _signatures(gemm: Any, dtype: Any) -> tuple:
+    """The (forward, backward) region kernels' signatures, for NumPy's gemm of ``dtype``."""
+    a, i = functools.partial(c_array, dtype), numba.types.int64  # a(n): n-dimensional
+    forward = (numba.typeof(gemm), a(4), a(2), a(1), i, a(2), a(2), a(4))
+    backward = (numba.typeof(gemm), a(4), a(4), a(2), i, a(2), a(2), numba.types.boolean,
+                a(4), a(2))
+    return (region_signature(forward, forward),
+            region_signature(backward, backward[:-1] + (a(3),)))
 
 
 def forward_region(gemm: Any, x: Any, w3: Any, bias: Any, k: int, plan: Any, rows: Any,
@@ -186,7 +194,8 @@ def forward_region(gemm: Any, x: Any, w3: Any, bias: Any, k: int, plan: Any, row
     hold one thread's buffers a row.
     """
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(out.shape[1])
-    plan.run_kernel(_forward_region_kernel, gemm, x, w3, bias, k, rows, spare, out)
+    kernel = first_class(_forward_region_kernel, _signatures(gemm, x.dtype)[0])
+    plan.run_kernel(kernel, _forward_chunk_kernel, gemm, x, w3, bias, k, rows, spare, out)
 
 
 def backward_region(gemm: Any, g: Any, x: Any, w3t: Any, k: int, plan: Any, rows: Any,
@@ -197,9 +206,10 @@ def backward_region(gemm: Any, g: Any, x: Any, w3t: Any, k: int, plan: Any, rows
     """
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
     f, c = g.shape[1], x.shape[1]
-    parts = np.empty((len(plan.bounds), f * k, k * c) if want_w else (0, 0, 0), g.dtype)
-    plan.run_kernel(_backward_region_kernel, gemm, g, x, w3t, k, rows, spare, want_w, gx,
-                    parts)
+    parts = np.empty((len(plan.bounds), f * k, k * c), g.dtype)
+    kernel = first_class(_backward_region_kernel, _signatures(gemm, g.dtype)[1])
+    plan.run_kernel(kernel, _backward_chunk_kernel, gemm, g, x, w3t, k, rows, spare, want_w,
+                    gx, parts)
     return parts if want_w else None
 
 
@@ -274,9 +284,8 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        x, w3 = np.zeros((1, 1, 2, 2), dtype=dtype), np.zeros((3, 3), dtype=dtype)
-        rows, bounds, starts = np.empty((1, 24), dtype=dtype), np.array([[0, 1]]), np.array([0, 1])
-        _forward_region_kernel(bounds, starts, gemm, x, w3, np.empty(0, dtype), 3, rows,
-                               rows.copy(), x.copy())
-        _backward_region_kernel(bounds, starts, gemm, x, x, w3, 3, rows, rows.copy(), True,
-                                x.copy(), np.empty((1, 3, 3), dtype))
+        for chunk, region, signature in zip((_forward_chunk_kernel, _backward_chunk_kernel),
+                                            (_forward_region_kernel, _backward_region_kernel),
+                                            _signatures(gemm, dtype)):
+            chunk.compile(signature.args[2].signature)  # its first-class type's signature
+            first_class(region, signature)

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+import numba
 import numpy as np
 
 from minidp.kernels.jit import ensure_compiled
@@ -175,7 +176,8 @@ class Plan:
         ``bounds`` (chunks, 2) holds every chunk's (lo, hi) in sample order and ``starts``
         (threads + 1) where each thread's chunks begin in it, so the kernel's ``prange``
         over the threads gives thread t the chunks ``starts[t]:starts[t + 1]``, each run
-        as one chunk kernel into thread t's buffers. No Python thread and no GIL in the
+        as one call of its chunk kernel (the first of ``args``, :func:`first_class`)
+        into thread t's buffers. No Python thread and no GIL in the
         region: Numba's threads run it, the ones its streaming kernels run on (see
         :data:`minidp.threads.IDLE_WAIT`). BLAS runs on one thread meanwhile, as in
         :meth:`run`.
@@ -219,6 +221,42 @@ class Plan:
         for future in futures:
             results += future.result()
         return results
+
+
+def c_array(dtype: object, ndim: int) -> object:
+    """Numba's type of a C-contiguous, aligned, writeable array (for explicit signatures)."""
+    return numba.types.Array(numba.from_dtype(np.dtype(dtype)), ndim, "C")
+
+
+def region_signature(chunk_args: tuple, region_args: tuple) -> object:
+    """The signature of a region kernel for :meth:`Plan.run_kernel`.
+
+    Its arguments: the plan's ``bounds`` and ``starts``, the chunk kernel as a first-class
+    function of ``chunk_args`` (Numba's ``FunctionType``), then ``region_args``.
+    """
+    chunk = numba.types.FunctionType(numba.types.void(*chunk_args))
+    return numba.types.void(numba.types.int64[:, ::1], numba.types.int64[::1], chunk,
+                            *region_args)
+
+
+def first_class(kernel: Callable, signature: object) -> Callable:
+    """``kernel``, a region kernel, compiled (or loaded from the cache) for ``signature`` only.
+
+    A region kernel takes its chunk kernel as a first-class function and calls it through
+    its address. A Numba function passed as itself would be compiled into the region
+    kernel: LLVM then optimises the whole chunk again inside the parallel kernel's code,
+    twice (the loop body and the kernel around it), and the three engines' region
+    kernels took 93 s more to compile than their chunk kernels alone; through the
+    address a region kernel compiles in 1.5 s, and the chunk kernel once, by itself. So
+    the kernel is compiled for ``signature`` and then no more: a call with the chunk
+    kernel converts it to the first-class type instead of compiling a copy. Once per
+    process; the arrays passed must be of the signature's types (C-contiguous, aligned,
+    writeable: :func:`minidp.kernels.gemm.one_call_gemm` checks).
+    """
+    if signature.args not in kernel.overloads:
+        kernel.compile(signature)
+    kernel.disable_compile()
+    return kernel
 
 
 def fold(parts: list) -> object:

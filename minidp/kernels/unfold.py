@@ -27,6 +27,7 @@ vectorising a copy loop (0.8 ns per element against 0.05 ns here).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numba
@@ -41,6 +42,7 @@ from minidp.kernels.jit import (
     register_warmup,
     use_kernels,
 )
+from minidp.kernels.threaded import c_array, first_class, region_signature
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -189,15 +191,14 @@ def _forward_chunk_kernel(gemm, x, w2, bias, kh, kw, stride, ph, pw, cols,
 
 
 @numba.njit(cache=True, nogil=True)
-def _backward_chunk_kernel(gemm, x, g3, w2, kh, kw, stride, ph, pw, cols, want_w,
-                           gx):  # pragma: no cover - compiled
-    """DW' = im2col(x) @ g.T (if ``want_w``; else empty) and gx = col2im(w2.T @ g).
+def _backward_chunk_kernel(gemm, x, g3, w2, kh, kw, stride, ph, pw, cols, want_w, gx,
+                           part):  # pragma: no cover - compiled
+    """DW' = im2col(x) @ g.T into ``part`` (if ``want_w``) and gx = col2im(w2.T @ g).
 
     g3 is the chunk's output gradient (nb, F, OH*OW); gx (nb, C, H, W), empty when the
-    input gradient is not wanted.
+    input gradient is not wanted; part (C*kh*kw, F).
     """
     g2 = _by_channel(g3)
-    part = np.empty((cols.shape[0] if want_w else 0, g2.shape[0]), g3.dtype)
     if want_w:
         _im2col_kernel(x, kh, kw, stride, ph, pw, cols)
         _product(gemm, NO_TRANS, TRANS, cols, g2, part)
@@ -205,38 +206,47 @@ def _backward_chunk_kernel(gemm, x, g3, w2, kh, kw, stride, ph, pw, cols, want_w
         taps = np.empty((w2.shape[1], g2.shape[1]), g3.dtype)
         _product(gemm, TRANS, NO_TRANS, w2, g2, taps)
         _col2im_kernel(taps, kh, kw, stride, ph, pw, gx)
-    return part
 
 
 # A region's chunks on the rank's threads in one parallel call (Plan.run_kernel): thread
-# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as the chunk kernel
-# above, into row t of ``cols``.
+# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as one call of ``chunk``
+# (the chunk kernel above, through its address: threaded.first_class), into row t of
+# ``cols``.
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _forward_region_kernel(bounds, starts, gemm, x, w2, bias, kh, kw, stride, ph, pw, cols,
-                           out):  # pragma: no cover - compiled
+def _forward_region_kernel(bounds, starts, chunk, gemm, x, w2, bias, kh, kw, stride, ph, pw,
+                           cols, out):  # pragma: no cover - compiled
     rows, length = w2.shape[1], out.shape[2]
     for t in numba.prange(starts.size - 1):
-        for chunk in range(starts[t], starts[t + 1]):
-            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+        for i in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[i, 0], bounds[i, 1]
             columns = (hi - lo) * length
-            _forward_chunk_kernel(gemm, x[lo:hi], w2, bias, kh, kw, stride, ph, pw,
-                                  cols[t, :rows * columns].reshape(rows, columns), out[lo:hi])
+            chunk(gemm, x[lo:hi], w2, bias, kh, kw, stride, ph, pw,
+                  cols[t, :rows * columns].reshape(rows, columns), out[lo:hi])
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _backward_region_kernel(bounds, starts, gemm, x, g3, w2, kh, kw, stride, ph, pw, cols,
-                            want_w, gx, parts):  # pragma: no cover - compiled
+def _backward_region_kernel(bounds, starts, chunk, gemm, x, g3, w2, kh, kw, stride, ph, pw,
+                            cols, want_w, gx, parts):  # pragma: no cover - compiled
     rows, length = w2.shape[1], g3.shape[2]
     for t in numba.prange(starts.size - 1):
-        for chunk in range(starts[t], starts[t + 1]):
-            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
+        for i in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[i, 0], bounds[i, 1]
             columns = (hi - lo) * length
-            part = _backward_chunk_kernel(gemm, x[lo:hi], g3[lo:hi], w2, kh, kw, stride, ph,
-                                          pw, cols[t, :rows * columns].reshape(rows, columns),
-                                          want_w, gx[lo:hi] if gx.size else gx)
-            if want_w:
-                parts[chunk] = part
+            chunk(gemm, x[lo:hi], g3[lo:hi], w2, kh, kw, stride, ph, pw,
+                  cols[t, :rows * columns].reshape(rows, columns), want_w,
+                  gx[lo:hi] if gx.size else gx, parts[i])
+
+
+def _signatures(gemm: Any, dtype: Any) -> tuple:
+    """The (forward, backward) region kernels' signatures, for NumPy's gemm of ``dtype``."""
+    a, i = functools.partial(c_array, dtype), numba.types.int64  # a(n): n-dimensional
+    geometry = (i, i, i, i, i)
+    forward = (numba.typeof(gemm), a(4), a(2), a(1), *geometry, a(2), a(3))
+    backward = (numba.typeof(gemm), a(4), a(3), a(2), *geometry, a(2), numba.types.boolean,
+                a(4), a(2))
+    return (region_signature(forward, forward),
+            region_signature(backward, backward[:-1] + (a(3),)))
 
 
 def forward_region(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, plan: Any,
@@ -249,7 +259,8 @@ def forward_region(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, plan:
     """
     n, f = out.shape[0], out.shape[1]
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(f)
-    plan.run_kernel(_forward_region_kernel, gemm, x, w2, bias, *geometry, cols,
+    kernel = first_class(_forward_region_kernel, _signatures(gemm, x.dtype)[0])
+    plan.run_kernel(kernel, _forward_chunk_kernel, gemm, x, w2, bias, *geometry, cols,
                     out.reshape(n, f, -1))
 
 
@@ -261,9 +272,10 @@ def backward_region(gemm: Any, x: Any, g: Any, w2: Any, geometry: tuple, plan: A
     """
     n, f = g.shape[0], g.shape[1]
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
-    parts = np.empty((len(plan.bounds), w2.shape[1], f) if want_w else (0, 0, 0), g.dtype)
-    plan.run_kernel(_backward_region_kernel, gemm, x, g.reshape(n, f, -1), w2, *geometry,
-                    cols, want_w, gx, parts)
+    parts = np.empty((len(plan.bounds), w2.shape[1], f), g.dtype)
+    kernel = first_class(_backward_region_kernel, _signatures(gemm, g.dtype)[1])
+    plan.run_kernel(kernel, _backward_chunk_kernel, gemm, x, g.reshape(n, f, -1), w2,
+                    *geometry, cols, want_w, gx, parts)
     return parts if want_w else None
 
 
@@ -348,10 +360,8 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        x, out = np.zeros((1, 1, 3, 3), dtype=dtype), np.empty((1, 1, 4), dtype=dtype)
-        w2, cols = np.zeros((1, 4), dtype=dtype), np.empty((1, 16), dtype=dtype)
-        bounds, starts = np.array([[0, 1]]), np.array([0, 1])
-        _forward_region_kernel(bounds, starts, gemm, x, w2, np.empty(0, dtype), 2, 2, 1, 0, 0,
-                               cols, out)
-        _backward_region_kernel(bounds, starts, gemm, x, out, w2, 2, 2, 1, 0, 0, cols, True,
-                                x.copy(), np.empty((1, 4, 1), dtype))
+        for chunk, region, signature in zip((_forward_chunk_kernel, _backward_chunk_kernel),
+                                            (_forward_region_kernel, _backward_region_kernel),
+                                            _signatures(gemm, dtype)):
+            chunk.compile(signature.args[2].signature)  # its first-class type's signature
+            first_class(region, signature)

@@ -30,6 +30,7 @@ elements apart: C*T is usually a multiple of 1024 (4 KiB of float32), and then t
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numba
@@ -43,6 +44,7 @@ from minidp.kernels.jit import (
     register_warmup,
     use_kernels,
 )
+from minidp.kernels.threaded import c_array, first_class, region_signature
 
 # Y = A^T M A, V = B^T d B, U = G w G^T
 B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64)
@@ -256,7 +258,8 @@ def _forward_chunk_kernel(gemm, x, u, bias, v, m, out):  # pragma: no cover - co
 
 
 @numba.njit(cache=True, nogil=True)
-def _backward_chunk_kernel(gemm, g, u, v, dm, dv, want_w, gx):  # pragma: no cover - compiled
+def _backward_chunk_kernel(gemm, g, u, v, dm, dv, want_w, gx,
+                           part):  # pragma: no cover - compiled
     """DM = A g A^T; gx = B (U^T @ dM) B^T (gx empty: not wanted); dU part = V @ dM^T."""
     n, f, h, w = g.shape
     c = u.shape[2]
@@ -265,35 +268,43 @@ def _backward_chunk_kernel(gemm, g, u, v, dm, dv, want_w, gx):  # pragma: no cov
     if gx.size:
         _plane_products(gemm, TRANS, NO_TRANS, c, count, f, u, c, dm, count, dv, count)
         _input_grad_kernel(dv, gx)
-    part = np.empty((16 if want_w else 0, c, f), g.dtype)
-    if want_w:
+    if want_w:  # part: (16, C, F)
         _plane_products(gemm, NO_TRANS, TRANS, c, f, count, v, count, dm, count, part, f)
-    return part
 
 
 # A region's chunks on the rank's threads in one parallel call (Plan.run_kernel): thread
-# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as the chunk kernel
-# above, into its plane buffers m[t] (dm[t], dv[t]); chunk i's planes V are v[i].
+# t runs the chunks starts[t]:starts[t + 1] of ``bounds``, each as one call of ``chunk``
+# (the chunk kernel above, through its address: threaded.first_class), into its plane
+# buffers m[t] (dm[t], dv[t]); chunk i's planes V are v[i].
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _forward_region_kernel(bounds, starts, gemm, x, u, bias, v, m,
+def _forward_region_kernel(bounds, starts, chunk, gemm, x, u, bias, v, m,
                            out):  # pragma: no cover - compiled
     for t in numba.prange(starts.size - 1):
-        for chunk in range(starts[t], starts[t + 1]):
-            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
-            _forward_chunk_kernel(gemm, x[lo:hi], u, bias, v[chunk], m[t], out[lo:hi])
+        for i in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[i, 0], bounds[i, 1]
+            chunk(gemm, x[lo:hi], u, bias, v[i], m[t], out[lo:hi])
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _backward_region_kernel(bounds, starts, gemm, g, u, v, dm, dv, want_w, gx,
+def _backward_region_kernel(bounds, starts, chunk, gemm, g, u, v, dm, dv, want_w, gx,
                             parts):  # pragma: no cover - compiled
     for t in numba.prange(starts.size - 1):
-        for chunk in range(starts[t], starts[t + 1]):
-            lo, hi = bounds[chunk, 0], bounds[chunk, 1]
-            part = _backward_chunk_kernel(gemm, g[lo:hi], u, v[chunk], dm[t], dv[t], want_w,
-                                          gx[lo:hi] if gx.size else gx)
-            if want_w:
-                parts[chunk] = part
+        for i in range(starts[t], starts[t + 1]):
+            lo, hi = bounds[i, 0], bounds[i, 1]
+            chunk(gemm, g[lo:hi], u, v[i], dm[t], dv[t], want_w, gx[lo:hi] if gx.size else gx,
+                  parts[i])
+
+
+def _signatures(gemm: Any, dtype: Any) -> tuple:
+    """The (forward, backward) region kernels' signatures, for NumPy's gemm of ``dtype``."""
+    a = functools.partial(c_array, dtype)  # a(n): an n-dimensional array of dtype
+    forward = (numba.typeof(gemm), a(4), a(3), a(1), a(2), a(2), a(4))
+    backward = (numba.typeof(gemm), a(4), a(3), a(2), a(2), a(2), numba.types.boolean, a(4),
+                a(3))
+    return (region_signature(forward, forward[:4] + (a(3), a(3), a(4))),
+            region_signature(backward, backward[:3] + (a(3), a(3), a(3), numba.types.boolean,
+                                                       a(4), a(4))))
 
 
 def forward_region(gemm: Any, x: Any, u: Any, bias: Any, plan: Any, m: Any, out: Any) -> Any:
@@ -308,7 +319,8 @@ def forward_region(gemm: Any, x: Any, u: Any, bias: Any, plan: Any, m: Any, out:
     th, tw = tiles(*x.shape[2:])
     v = np.empty((len(plan.bounds), 16, x.shape[1] * plan.largest * th * tw + PLANE_PAD),
                  x.dtype)
-    plan.run_kernel(_forward_region_kernel, gemm, x, u, bias, v, m, out)
+    kernel = first_class(_forward_region_kernel, _signatures(gemm, x.dtype)[0])
+    plan.run_kernel(kernel, _forward_chunk_kernel, gemm, x, u, bias, v, m, out)
     return v
 
 
@@ -323,8 +335,9 @@ def backward_region(gemm: Any, g: Any, u: Any, v: Any, plan: Any, dm: Any, dv: A
     """
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
     c, f = u.shape[2], u.shape[1]
-    parts = np.empty((len(plan.bounds), 16, c, f) if want_w else (0, 0, 0, 0), g.dtype)
-    plan.run_kernel(_backward_region_kernel, gemm, g, u, v, dm, dv, want_w, gx, parts)
+    parts = np.empty((len(plan.bounds), 16, c, f), g.dtype)
+    kernel = first_class(_backward_region_kernel, _signatures(gemm, g.dtype)[1])
+    plan.run_kernel(kernel, _backward_chunk_kernel, gemm, g, u, v, dm, dv, want_w, gx, parts)
     return parts if want_w else None
 
 
@@ -459,9 +472,8 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        x, u = np.zeros((1, 1, 2, 2), dtype=dtype), np.zeros((16, 1, 1), dtype=dtype)
-        bounds, starts = np.array([[0, 1]]), np.array([0, 1])
-        v, m = plane_buffer(1, 1, dtype)[None], plane_buffer(1, 1, dtype)[None]
-        _forward_region_kernel(bounds, starts, gemm, x, u, np.empty(0, dtype), v, m, x.copy())
-        _backward_region_kernel(bounds, starts, gemm, x, u, v, m, m.copy(), True, x.copy(),
-                                np.empty((1, 16, 1, 1), dtype))
+        for chunk, region, signature in zip((_forward_chunk_kernel, _backward_chunk_kernel),
+                                            (_forward_region_kernel, _backward_region_kernel),
+                                            _signatures(gemm, dtype)):
+            chunk.compile(signature.args[2].signature)  # its first-class type's signature
+            first_class(region, signature)

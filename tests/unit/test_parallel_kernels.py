@@ -446,6 +446,34 @@ def test_one_call_chunks_give_the_bits_of_numpys_matmul(at_threads, small_region
     assert calls == []
 
 
+REGION_KERNELS = [(wg, "_forward_region_kernel"), (wg, "_backward_region_kernel"),
+                  (taps, "_forward_region_kernel"), (taps, "_backward_region_kernel"),
+                  (unfold, "_forward_region_kernel"), (unfold, "_backward_region_kernel")]
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2 or numba.config.DISABLE_JIT,
+                    reason="region kernels run on two or more threads, on the Numba kernels")
+def test_each_region_kernel_is_compiled_once_for_its_chunk_kernel_as_a_first_class_function(
+        small_regions):
+    # a region kernel given its chunk kernel as itself would compile the chunk into the
+    # parallel kernel once more (30 s apiece): each must have one overload, taking a
+    # first-class function
+    threads.limit_threads(2)
+    try:
+        for _, x_shape, w_shape, stride, pad in CONV_CASES:
+            x, w, b = (rand(s, np.float32, 40 + k) for k, s in enumerate([x_shape, w_shape,
+                                                                          w_shape[0]]))
+            conv_step(x, w, b, output_gradient(x_shape, w_shape, stride, pad, np.float32, 43),
+                      stride, pad)
+    finally:
+        threads.limit_threads(threads.threads_per_rank())
+    for module, name in REGION_KERNELS:
+        kernel = getattr(module, name)
+        assert len(kernel.overloads) == 1, (module.__name__, name, kernel.signatures)
+        (signature,) = kernel.signatures
+        assert isinstance(signature[2], numba.types.FunctionType), (name, signature)
+
+
 def test_one_thread_a_side_of_one_float64_or_two_dtypes_keep_the_python_steps():
     a32, a64 = np.zeros((2, 2), np.float32), np.zeros((2, 2))
     two, one = threaded.Plan(8, 1 << 20, threads=2), threaded.Plan(8, 1 << 20, threads=1)
@@ -456,6 +484,11 @@ def test_one_thread_a_side_of_one_float64_or_two_dtypes_keep_the_python_steps():
     assert gemm.one_call_gemm([a32, a32], (2, 1, 4), two) is None  # NumPy multiplies by gemv
     assert gemm.one_call_gemm([a64, a64], (2, 3, 4), two) is None
     assert gemm.one_call_gemm([a32, a64], (2, 3, 4), two) is None
+    frozen = a32.copy()
+    frozen.flags.writeable = False  # the region kernels are compiled for writeable arrays
+    assert gemm.one_call_gemm([frozen, a32], (2, 3, 4), two) is None
+    assert gemm.one_call_gemm([np.zeros((2, 4), np.float32)[:, ::2], a32], (2, 3, 4),
+                              two) is None  # not C-contiguous
     # a single filter: the Python steps, still the textbook's result
     x, w, b = rand((3, 2, 6, 6), np.float64, 31), rand((1, 2, 3, 3), np.float64, 32), rand(
         1, np.float64, 33)
