@@ -176,14 +176,21 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, g, x, w3t, k, rows, spa
                   gx[lo:hi] if gx.size else gx, parts[i])
 
 
-def _signatures(gemm: Any, dtype: Any) -> tuple:
-    """The (forward, backward) region kernels' signatures, for NumPy's gemm of ``dtype``."""
+@functools.cache
+def _regions(dtype: Any) -> tuple:
+    """The (forward, backward) region kernels, each with its chunk kernel as a function.
+
+    What :func:`~minidp.kernels.threaded.first_class` returns, for NumPy's gemm of
+    ``dtype`` (:func:`~minidp.kernels.gemm.native`): compiled or loaded once per process.
+    """
     a, i = functools.partial(c_array, dtype), numba.types.int64  # a(n): n-dimensional
-    forward = (numba.typeof(gemm), a(4), a(2), a(1), i, a(2), a(2), a(4))
-    backward = (numba.typeof(gemm), a(4), a(4), a(2), i, a(2), a(2), numba.types.boolean,
+    forward = (numba.typeof(native(dtype)), a(4), a(2), a(1), i, a(2), a(2), a(4))
+    backward = (numba.typeof(native(dtype)), a(4), a(4), a(2), i, a(2), a(2), numba.types.boolean,
                 a(4), a(2))
-    return (region_signature(forward, forward),
-            region_signature(backward, backward[:-1] + (a(3),)))
+    return (first_class(_forward_region_kernel, _forward_chunk_kernel,
+                        region_signature(forward, forward)),
+            first_class(_backward_region_kernel, _backward_chunk_kernel,
+                        region_signature(backward, backward[:-1] + (a(3),))))
 
 
 def forward_region(gemm: Any, x: Any, w3: Any, bias: Any, k: int, plan: Any, rows: Any,
@@ -194,8 +201,8 @@ def forward_region(gemm: Any, x: Any, w3: Any, bias: Any, k: int, plan: Any, row
     hold one thread's buffers a row.
     """
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(out.shape[1])
-    kernel = first_class(_forward_region_kernel, _signatures(gemm, x.dtype)[0])
-    plan.run_kernel(kernel, _forward_chunk_kernel, gemm, x, w3, bias, k, rows, spare, out)
+    kernel, chunk = _regions(x.dtype)[0]
+    plan.run_kernel(kernel, chunk, gemm, x, w3, bias, k, rows, spare, out)
 
 
 def backward_region(gemm: Any, g: Any, x: Any, w3t: Any, k: int, plan: Any, rows: Any,
@@ -207,8 +214,8 @@ def backward_region(gemm: Any, g: Any, x: Any, w3t: Any, k: int, plan: Any, rows
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
     f, c = g.shape[1], x.shape[1]
     parts = np.empty((len(plan.bounds), f * k, k * c), g.dtype)
-    kernel = first_class(_backward_region_kernel, _signatures(gemm, g.dtype)[1])
-    plan.run_kernel(kernel, _backward_chunk_kernel, gemm, g, x, w3t, k, rows, spare, want_w,
+    kernel, chunk = _regions(g.dtype)[1]
+    plan.run_kernel(kernel, chunk, gemm, g, x, w3t, k, rows, spare, want_w,
                     gx, parts)
     return parts if want_w else None
 
@@ -284,8 +291,4 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        for chunk, region, signature in zip((_forward_chunk_kernel, _backward_chunk_kernel),
-                                            (_forward_region_kernel, _backward_region_kernel),
-                                            _signatures(gemm, dtype)):
-            chunk.compile(signature.args[2].signature)  # its first-class type's signature
-            first_class(region, signature)
+        _regions(np.dtype(dtype))

@@ -62,6 +62,8 @@ from typing import TypeVar
 
 import numba
 import numpy as np
+from numba.core.types.function_type import CompileResultWAP
+from numba.experimental import function_type  # noqa: F401 (how a call types and passes one)
 
 from minidp.kernels.jit import ensure_compiled
 from minidp.threads import blas_single_threaded, threads_in_force
@@ -239,24 +241,31 @@ def region_signature(chunk_args: tuple, region_args: tuple) -> object:
                             *region_args)
 
 
-def first_class(kernel: Callable, signature: object) -> Callable:
-    """``kernel``, a region kernel, compiled (or loaded from the cache) for ``signature`` only.
+def first_class(region: Callable, chunk: Callable, signature: object) -> tuple:
+    """(region kernel, its chunk kernel as a first-class function), compiled for ``signature``.
 
     A region kernel takes its chunk kernel as a first-class function and calls it through
     its address. A Numba function passed as itself would be compiled into the region
     kernel: LLVM then optimises the whole chunk again inside the parallel kernel's code,
     twice (the loop body and the kernel around it), and the three engines' region
     kernels took 93 s more to compile than their chunk kernels alone; through the
-    address a region kernel compiles in 1.5 s, and the chunk kernel once, by itself. So
-    the kernel is compiled for ``signature`` and then no more: a call with the chunk
-    kernel converts it to the first-class type instead of compiling a copy. Once per
-    process; the arrays passed must be of the signature's types (C-contiguous, aligned,
-    writeable: :func:`minidp.kernels.gemm.one_call_gemm` checks).
+    address a region kernel compiles in 1.5 s, and the chunk kernel once, by itself.
+    Both are compiled, or loaded from Numba's cache, here; then the region kernel
+    compiles no more, so that nothing can compile the chunk into it. What comes back is
+    called as it is: the region kernel's compiled entry point (its dispatcher would type
+    the dozen arguments again at every call, 20 us of a small region's 30) and the chunk
+    kernel wrapped as its compiled code (Numba's ``CompileResultWAP``; the dispatcher
+    itself would be converted anew at every call, about 100 us). Call it once per process
+    (the engines keep what it returns); the arrays passed must be of the signature's
+    types (C-contiguous, aligned, writeable: :func:`minidp.kernels.gemm.one_call_gemm`
+    checks).
     """
-    if signature.args not in kernel.overloads:
-        kernel.compile(signature)
-    kernel.disable_compile()
-    return kernel
+    chunk_signature = signature.args[2].signature  # the first-class type's
+    chunk.compile(chunk_signature)
+    region.compile(signature)
+    region.disable_compile()
+    return (region.overloads[signature.args].entry_point,
+            CompileResultWAP(chunk.overloads[chunk_signature.args]))
 
 
 def fold(parts: list) -> object:

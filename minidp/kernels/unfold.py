@@ -238,15 +238,22 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, x, g3, w2, kh, kw, stri
                   gx[lo:hi] if gx.size else gx, parts[i])
 
 
-def _signatures(gemm: Any, dtype: Any) -> tuple:
-    """The (forward, backward) region kernels' signatures, for NumPy's gemm of ``dtype``."""
+@functools.cache
+def _regions(dtype: Any) -> tuple:
+    """The (forward, backward) region kernels, each with its chunk kernel as a function.
+
+    What :func:`~minidp.kernels.threaded.first_class` returns, for NumPy's gemm of
+    ``dtype`` (:func:`~minidp.kernels.gemm.native`): compiled or loaded once per process.
+    """
     a, i = functools.partial(c_array, dtype), numba.types.int64  # a(n): n-dimensional
     geometry = (i, i, i, i, i)
-    forward = (numba.typeof(gemm), a(4), a(2), a(1), *geometry, a(2), a(3))
-    backward = (numba.typeof(gemm), a(4), a(3), a(2), *geometry, a(2), numba.types.boolean,
+    forward = (numba.typeof(native(dtype)), a(4), a(2), a(1), *geometry, a(2), a(3))
+    backward = (numba.typeof(native(dtype)), a(4), a(3), a(2), *geometry, a(2), numba.types.boolean,
                 a(4), a(2))
-    return (region_signature(forward, forward),
-            region_signature(backward, backward[:-1] + (a(3),)))
+    return (first_class(_forward_region_kernel, _forward_chunk_kernel,
+                        region_signature(forward, forward)),
+            first_class(_backward_region_kernel, _backward_chunk_kernel,
+                        region_signature(backward, backward[:-1] + (a(3),))))
 
 
 def forward_region(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, plan: Any,
@@ -259,8 +266,8 @@ def forward_region(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, plan:
     """
     n, f = out.shape[0], out.shape[1]
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(f)
-    kernel = first_class(_forward_region_kernel, _signatures(gemm, x.dtype)[0])
-    plan.run_kernel(kernel, _forward_chunk_kernel, gemm, x, w2, bias, *geometry, cols,
+    kernel, chunk = _regions(x.dtype)[0]
+    plan.run_kernel(kernel, chunk, gemm, x, w2, bias, *geometry, cols,
                     out.reshape(n, f, -1))
 
 
@@ -273,8 +280,8 @@ def backward_region(gemm: Any, x: Any, g: Any, w2: Any, geometry: tuple, plan: A
     n, f = g.shape[0], g.shape[1]
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
     parts = np.empty((len(plan.bounds), w2.shape[1], f), g.dtype)
-    kernel = first_class(_backward_region_kernel, _signatures(gemm, g.dtype)[1])
-    plan.run_kernel(kernel, _backward_chunk_kernel, gemm, x, g.reshape(n, f, -1), w2,
+    kernel, chunk = _regions(g.dtype)[1]
+    plan.run_kernel(kernel, chunk, gemm, x, g.reshape(n, f, -1), w2,
                     *geometry, cols, want_w, gx, parts)
     return parts if want_w else None
 
@@ -360,8 +367,4 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        for chunk, region, signature in zip((_forward_chunk_kernel, _backward_chunk_kernel),
-                                            (_forward_region_kernel, _backward_region_kernel),
-                                            _signatures(gemm, dtype)):
-            chunk.compile(signature.args[2].signature)  # its first-class type's signature
-            first_class(region, signature)
+        _regions(np.dtype(dtype))

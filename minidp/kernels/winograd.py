@@ -296,15 +296,23 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, g, u, v, dm, dv, want_w
                   parts[i])
 
 
-def _signatures(gemm: Any, dtype: Any) -> tuple:
-    """The (forward, backward) region kernels' signatures, for NumPy's gemm of ``dtype``."""
+@functools.cache
+def _regions(dtype: Any) -> tuple:
+    """The (forward, backward) region kernels, each with its chunk kernel as a function.
+
+    What :func:`~minidp.kernels.threaded.first_class` returns, for NumPy's gemm of
+    ``dtype`` (:func:`~minidp.kernels.gemm.native`): compiled or loaded once per process.
+    """
     a = functools.partial(c_array, dtype)  # a(n): an n-dimensional array of dtype
-    forward = (numba.typeof(gemm), a(4), a(3), a(1), a(2), a(2), a(4))
-    backward = (numba.typeof(gemm), a(4), a(3), a(2), a(2), a(2), numba.types.boolean, a(4),
-                a(3))
-    return (region_signature(forward, forward[:4] + (a(3), a(3), a(4))),
-            region_signature(backward, backward[:3] + (a(3), a(3), a(3), numba.types.boolean,
-                                                       a(4), a(4))))
+    forward = (numba.typeof(native(dtype)), a(4), a(3), a(1), a(2), a(2), a(4))
+    backward = (numba.typeof(native(dtype)), a(4), a(3), a(2), a(2), a(2), numba.types.boolean,
+                a(4), a(3))
+    return (first_class(_forward_region_kernel, _forward_chunk_kernel,
+                        region_signature(forward, forward[:4] + (a(3), a(3), a(4)))),
+            first_class(_backward_region_kernel, _backward_chunk_kernel,
+                        region_signature(backward, backward[:3] + (a(3), a(3), a(3),
+                                                                   numba.types.boolean,
+                                                                   a(4), a(4)))))
 
 
 def forward_region(gemm: Any, x: Any, u: Any, bias: Any, plan: Any, m: Any, out: Any) -> Any:
@@ -319,8 +327,8 @@ def forward_region(gemm: Any, x: Any, u: Any, bias: Any, plan: Any, m: Any, out:
     th, tw = tiles(*x.shape[2:])
     v = np.empty((len(plan.bounds), 16, x.shape[1] * plan.largest * th * tw + PLANE_PAD),
                  x.dtype)
-    kernel = first_class(_forward_region_kernel, _signatures(gemm, x.dtype)[0])
-    plan.run_kernel(kernel, _forward_chunk_kernel, gemm, x, u, bias, v, m, out)
+    kernel, chunk = _regions(x.dtype)[0]
+    plan.run_kernel(kernel, chunk, gemm, x, u, bias, v, m, out)
     return v
 
 
@@ -336,8 +344,8 @@ def backward_region(gemm: Any, g: Any, u: Any, v: Any, plan: Any, dm: Any, dv: A
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
     c, f = u.shape[2], u.shape[1]
     parts = np.empty((len(plan.bounds), 16, c, f), g.dtype)
-    kernel = first_class(_backward_region_kernel, _signatures(gemm, g.dtype)[1])
-    plan.run_kernel(kernel, _backward_chunk_kernel, gemm, g, u, v, dm, dv, want_w, gx, parts)
+    kernel, chunk = _regions(g.dtype)[1]
+    plan.run_kernel(kernel, chunk, gemm, g, u, v, dm, dv, want_w, gx, parts)
     return parts if want_w else None
 
 
@@ -472,8 +480,4 @@ def _warm(dtype: type) -> None:
 def _warm_chunks(dtype: type) -> None:
     gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
     if gemm is not None:
-        for chunk, region, signature in zip((_forward_chunk_kernel, _backward_chunk_kernel),
-                                            (_forward_region_kernel, _backward_region_kernel),
-                                            _signatures(gemm, dtype)):
-            chunk.compile(signature.args[2].signature)  # its first-class type's signature
-            first_class(region, signature)
+        _regions(np.dtype(dtype))
