@@ -394,10 +394,10 @@ def test_convolution_regions_on_threads(at_threads, small_regions, engine, x_sha
 
 # each engine's functions that run a region's chunks on the threads in one kernel call
 # (the transposed backward pass keeps its Python steps)
-ONE_CALL = {"winograd": (wg, ("forward_region", "backward_region")),
-            "rowtap": (taps, ("forward_region", "backward_region")),
-            "unfold, transposed backward": (unfold, ("forward_region",)),
-            "unfold, col2im backward": (unfold, ("forward_region", "backward_region"))}
+REGION_CALLS = {"winograd": (wg, ("forward_region", "backward_region")),
+                "rowtap": (taps, ("forward_region", "backward_region")),
+                "unfold, transposed backward": (unfold, ("forward_region",)),
+                "unfold, col2im backward": (unfold, ("forward_region", "backward_region"))}
 
 
 def test_numpys_own_gemm_is_found_for_the_kernels():
@@ -423,17 +423,17 @@ def test_a_gemm_without_numpys_bits_or_a_library_ctypes_cannot_open_is_not_used(
 
 @pytest.mark.parametrize("engine,x_shape,w_shape,stride,pad", CONV_CASES,
                          ids=[c[0] for c in CONV_CASES])
-def test_one_call_chunks_give_the_bits_of_numpys_matmul(at_threads, small_regions, monkeypatch,
-                                                        engine, x_shape, w_shape, stride, pad):
+def test_region_kernels_give_the_bits_of_numpys_matmul(at_threads, small_regions, monkeypatch,
+                                                       engine, x_shape, w_shape, stride, pad):
     x, w, b = (rand(s, np.float32, 27 + k) for k, s in enumerate([x_shape, w_shape, w_shape[0]]))
     g = output_gradient(x_shape, w_shape, stride, pad, np.float32, 30)
-    module, names = ONE_CALL[engine]
+    module, names = REGION_CALLS[engine]
     calls = []
     for name in names:  # count the region kernels' calls, so that the test sees them run
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name: (
             calls.append(name), real(*a))[1])
-    one_call = conv_step(x, w, b, g, stride, pad)
+    regions = conv_step(x, w, b, g, stride, pad)
     if at_threads == 1 or not use_kernels(x):  # no GIL shared on one thread; off the kernels
         assert calls == []  # (NUMBA_DISABLE_JIT) every chunk is NumPy's
         return
@@ -441,7 +441,7 @@ def test_one_call_chunks_give_the_bits_of_numpys_matmul(at_threads, small_region
     # the same steps in Python: NumPy's matmul on the same kernels' unfoldings
     monkeypatch.setattr(gemm, "native", lambda dtype: None)
     calls.clear()
-    for got, want in zip(one_call, conv_step(x, w, b, g, stride, pad)):
+    for got, want in zip(regions, conv_step(x, w, b, g, stride, pad)):
         np.testing.assert_array_equal(got, want)
     assert calls == []
 
