@@ -114,7 +114,7 @@ def register_parallel_warmup(fn: Callable[[type], None]) -> Callable[[type], Non
     """Register a warm-up of a module's ``prange`` kernels.
 
     They are compiled only once a process runs one (:func:`ensure_compiled` with
-    ``parallel=True``, from ``threaded.spread``).
+    ``parallel=True``, from ``threaded.spread`` and the convolutions' region kernels).
     """
     _parallel_warmups.append(fn)
     return fn

@@ -178,12 +178,13 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, g, x, w3t, k, rows, spa
 
 @functools.cache
 def _regions(dtype: Any) -> tuple:
-    """The (forward, backward) region kernels, each with its chunk kernel as a function.
+    """The row-tap engine's (forward, backward) region kernels, with their chunk kernels.
 
-    What :func:`~minidp.kernels.threaded.first_class` returns, for NumPy's gemm of
-    ``dtype`` (:func:`~minidp.kernels.gemm.native`): compiled or loaded once per process.
+    Each as :func:`~minidp.kernels.threaded.first_class` returns it, for NumPy's gemm of
+    ``dtype``, once per process. The signatures list the kernels' parameters above in
+    order (``a(n)``: an n-dimensional C array of ``dtype``).
     """
-    a, i = functools.partial(c_array, dtype), numba.types.int64  # a(n): n-dimensional
+    a, i = functools.partial(c_array, dtype), numba.types.int64
     forward = (numba.typeof(native(dtype)), a(4), a(2), a(1), i, a(2), a(2), a(4))
     backward = (numba.typeof(native(dtype)), a(4), a(4), a(2), i, a(2), a(2), numba.types.boolean,
                 a(4), a(2))
@@ -201,6 +202,7 @@ def forward_region(gemm: Any, x: Any, w3: Any, bias: Any, k: int, plan: Any, row
     hold one thread's buffers a row.
     """
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(out.shape[1])
+    ensure_compiled(parallel=True)  # under the node's lock, before _regions compiles
     kernel, chunk = _regions(x.dtype)[0]
     plan.run_kernel(kernel, chunk, gemm, x, w3, bias, k, rows, spare, out)
 
@@ -214,6 +216,7 @@ def backward_region(gemm: Any, g: Any, x: Any, w3t: Any, k: int, plan: Any, rows
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
     f, c = g.shape[1], x.shape[1]
     parts = np.empty((len(plan.bounds), f * k, k * c), g.dtype)
+    ensure_compiled(parallel=True)  # under the node's lock, before _regions compiles
     kernel, chunk = _regions(g.dtype)[1]
     plan.run_kernel(kernel, chunk, gemm, g, x, w3t, k, rows, spare, want_w,
                     gx, parts)

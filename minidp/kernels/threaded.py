@@ -70,18 +70,20 @@ from minidp.threads import blas_single_threaded, threads_in_force
 
 # Columns (or Winograd tiles) of one chunk, in bytes. A ResNet-20 step was fastest
 # with 1-4 MB here (within L3; a smaller chunk stays in L2 but pays the per-chunk
-# Python and BLAS-call overhead more often, a whole batch goes out to memory).
+# overhead more often, a whole batch goes out to memory). Measured with chunks of
+# Python steps, before the region kernels.
 CHUNK_BYTES = 1 << 21
 
-# Under this many elements a kernel stays on one thread: a parallel launch costs 15-80 us
-# once the other threads sleep (minidp.threads.IDLE_WAIT; the longer they slept, the
-# more), what 64K-128K float32 elements take to stream through one core. Measured between
-# GEMMs, as in a step: relu on 64K elements 14 us serial, 21 us on 2 threads; on 128K 36
-# and 30 us.
+# Under this many elements a kernel stays on one thread: a parallel launch costs 2-5 us
+# while the other threads still spin, 15-80 us once they sleep (minidp.threads.IDLE_WAIT;
+# the longer they slept, the more), what 64K-128K float32 elements take to stream through
+# one core. Measured between GEMMs, as in a step, with the threads asleep: relu on 64K
+# elements 14 us serial, 21 us on 2 threads; on 128K 36 and 30 us.
 SPREAD_MIN_ELEMENTS = 1 << 17
 
-# Below this much unfolded data per thread, handing work to the pool (about 50 us per
-# region) costs more than a second thread saves; LeNet-5's layers at batch 64 carry
+# Below this much unfolded data per thread, handing work to the other threads (about
+# 50 us per region when they sleep, measured with the Python pool) costs more than a
+# second thread saves; LeNet-5's layers at batch 64 carry
 # 4-5 MB, its smallest batches (and every evaluation batch of a few samples) less.
 MIN_BYTES_PER_THREAD = 1 << 18
 
@@ -186,7 +188,6 @@ class Plan:
         """
         bounds = np.array(self.bounds, dtype=np.int64).reshape(-1, 2)
         starts = np.cumsum([0] + [len(part) for part in self.parts], dtype=np.int64)
-        ensure_compiled(parallel=True)  # the region kernels, in the prange tier
         with blas_single_threaded():
             kernel(bounds, starts, *args)
 
@@ -250,22 +251,25 @@ def first_class(region: Callable, chunk: Callable, signature: object) -> tuple:
     twice (the loop body and the kernel around it), and the three engines' region
     kernels took 93 s more to compile than their chunk kernels alone; through the
     address a region kernel compiles in 1.5 s, and the chunk kernel once, by itself.
+
     Both are compiled, or loaded from Numba's cache, here; then the region kernel
-    compiles no more, so that nothing can compile the chunk into it. What comes back is
-    called as it is: the region kernel's compiled entry point (its dispatcher would type
-    the dozen arguments again at every call, 20 us of a small region's 30) and the chunk
-    kernel wrapped as its compiled code (Numba's ``CompileResultWAP``; the dispatcher
-    itself would be converted anew at every call, about 100 us). Call it once per process
-    (the engines keep what it returns); the arrays passed must be of the signature's
-    types (C-contiguous, aligned, writeable: :func:`minidp.kernels.gemm.one_call_gemm`
-    checks).
+    compiles no more, so that nothing can compile the chunk into it, and a call with an
+    array of another type (strided, readonly, another dtype or number of dimensions)
+    raises TypeError instead (:func:`minidp.kernels.gemm.one_call_gemm` keeps such arrays
+    on the Python steps). The chunk kernel goes in wrapped as its compiled code (Numba's
+    ``CompileResultWAP``): the dispatcher would be converted anew at every call (100 us).
+    Call it once per process, after ``ensure_compiled(parallel=True)`` (the node's lock:
+    the ranks of a node compile once); the engines keep what it returns.
+
+    An exception inside a chunk kernel cannot cross its first-class call (Numba's C
+    wrapper prints it and returns), so the chunk kernels raise none: they index without
+    bounds checks, and allocate only a few kilobytes of scratch.
     """
     chunk_signature = signature.args[2].signature  # the first-class type's
     chunk.compile(chunk_signature)
     region.compile(signature)
     region.disable_compile()
-    return (region.overloads[signature.args].entry_point,
-            CompileResultWAP(chunk.overloads[chunk_signature.args]))
+    return region, CompileResultWAP(chunk.overloads[chunk_signature.args])
 
 
 def fold(parts: list) -> object:

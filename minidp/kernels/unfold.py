@@ -240,12 +240,13 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, x, g3, w2, kh, kw, stri
 
 @functools.cache
 def _regions(dtype: Any) -> tuple:
-    """The (forward, backward) region kernels, each with its chunk kernel as a function.
+    """The im2col engine's (forward, backward) region kernels, with their chunk kernels.
 
-    What :func:`~minidp.kernels.threaded.first_class` returns, for NumPy's gemm of
-    ``dtype`` (:func:`~minidp.kernels.gemm.native`): compiled or loaded once per process.
+    Each as :func:`~minidp.kernels.threaded.first_class` returns it, for NumPy's gemm of
+    ``dtype``, once per process. The signatures list the kernels' parameters above in
+    order (``a(n)``: an n-dimensional C array of ``dtype``).
     """
-    a, i = functools.partial(c_array, dtype), numba.types.int64  # a(n): n-dimensional
+    a, i = functools.partial(c_array, dtype), numba.types.int64
     geometry = (i, i, i, i, i)
     forward = (numba.typeof(native(dtype)), a(4), a(2), a(1), *geometry, a(2), a(3))
     backward = (numba.typeof(native(dtype)), a(4), a(3), a(2), *geometry, a(2), numba.types.boolean,
@@ -266,6 +267,7 @@ def forward_region(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, plan:
     """
     n, f = out.shape[0], out.shape[1]
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(f)
+    ensure_compiled(parallel=True)  # under the node's lock, before _regions compiles
     kernel, chunk = _regions(x.dtype)[0]
     plan.run_kernel(kernel, chunk, gemm, x, w2, bias, *geometry, cols,
                     out.reshape(n, f, -1))
@@ -280,6 +282,7 @@ def backward_region(gemm: Any, x: Any, g: Any, w2: Any, geometry: tuple, plan: A
     n, f = g.shape[0], g.shape[1]
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
     parts = np.empty((len(plan.bounds), w2.shape[1], f), g.dtype)
+    ensure_compiled(parallel=True)  # under the node's lock, before _regions compiles
     kernel, chunk = _regions(g.dtype)[1]
     plan.run_kernel(kernel, chunk, gemm, x, g.reshape(n, f, -1), w2,
                     *geometry, cols, want_w, gx, parts)

@@ -298,12 +298,13 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, g, u, v, dm, dv, want_w
 
 @functools.cache
 def _regions(dtype: Any) -> tuple:
-    """The (forward, backward) region kernels, each with its chunk kernel as a function.
+    """The Winograd engine's (forward, backward) region kernels, with their chunk kernels.
 
-    What :func:`~minidp.kernels.threaded.first_class` returns, for NumPy's gemm of
-    ``dtype`` (:func:`~minidp.kernels.gemm.native`): compiled or loaded once per process.
+    Each as :func:`~minidp.kernels.threaded.first_class` returns it, for NumPy's gemm of
+    ``dtype``, once per process. The signatures list the kernels' parameters above in
+    order (``a(n)``: an n-dimensional C array of ``dtype``).
     """
-    a = functools.partial(c_array, dtype)  # a(n): an n-dimensional array of dtype
+    a = functools.partial(c_array, dtype)
     forward = (numba.typeof(native(dtype)), a(4), a(3), a(1), a(2), a(2), a(4))
     backward = (numba.typeof(native(dtype)), a(4), a(3), a(2), a(2), a(2), numba.types.boolean,
                 a(4), a(3))
@@ -327,6 +328,7 @@ def forward_region(gemm: Any, x: Any, u: Any, bias: Any, plan: Any, m: Any, out:
     th, tw = tiles(*x.shape[2:])
     v = np.empty((len(plan.bounds), 16, x.shape[1] * plan.largest * th * tw + PLANE_PAD),
                  x.dtype)
+    ensure_compiled(parallel=True)  # under the node's lock, before _regions compiles
     kernel, chunk = _regions(x.dtype)[0]
     plan.run_kernel(kernel, chunk, gemm, x, u, bias, v, m, out)
     return v
@@ -344,6 +346,7 @@ def backward_region(gemm: Any, g: Any, u: Any, v: Any, plan: Any, dm: Any, dv: A
     gx = np.empty((0, 0, 0, 0), g.dtype) if gx is None else gx
     c, f = u.shape[2], u.shape[1]
     parts = np.empty((len(plan.bounds), 16, c, f), g.dtype)
+    ensure_compiled(parallel=True)  # under the node's lock, before _regions compiles
     kernel, chunk = _regions(g.dtype)[1]
     plan.run_kernel(kernel, chunk, gemm, g, u, v, dm, dv, want_w, gx, parts)
     return parts if want_w else None

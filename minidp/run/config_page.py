@@ -36,11 +36,14 @@ ENVIRONMENT = {
     "threads per rank unless you set them (not `NUMBA_NUM_THREADS` in a program that "
     "imported Numba before minidp: Numba has read it, and its next compile would fail on "
     "a changed value); the ones it filled in are listed in `MINIDP_THREAD_DEFAULTS`",
-    "OPENBLAS_THREAD_TIMEOUT, OMP_WAIT_POLICY": "unless you set them, minidp sets them "
-    "to 14 and PASSIVE while OpenBLAS and Numba's OpenMP load (not for child processes): "
-    "their idle threads sleep at once instead of spinning on the core that the rank's next "
-    "parallel kernel needs (a program that imports NumPy or PyTorch before minidp keeps "
-    "their defaults; PyTorch imported after minidp shares its OpenMP and the setting)",
+    "OPENBLAS_THREAD_TIMEOUT, OMP_WAIT_POLICY, GOMP_SPINCOUNT": "unless you set them, "
+    "minidp sets them to 14, PASSIVE and 10000 while OpenBLAS and Numba's OpenMP load (not "
+    "for child processes): OpenBLAS's idle worker sleeps after 7 us instead of 0.1 s, and "
+    "GNU OpenMP's threads after 10000 rounds of spinning (0.1-0.3 ms), so that a step's "
+    "next parallel kernel finds them awake; no spinning where this node's ranks times "
+    "their threads exceed its cores, nor with your own OMP_WAIT_POLICY (a program that "
+    "imports NumPy or PyTorch before minidp keeps their defaults; PyTorch imported after "
+    "minidp shares its OpenMP and the setting)",
     "OPENBLAS_CORETYPE": "read, never set: `python -m minidp info` (`\"blas\"`) names the "
     "kernels OpenBLAS runs and says when this variable pins them to a type without the "
     "AVX-512 that the CPU has (half the GEMM rate on one such CPU, docs/benchmarks.md); "

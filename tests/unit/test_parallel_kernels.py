@@ -446,6 +446,35 @@ def test_region_kernels_give_the_bits_of_numpys_matmul(at_threads, small_regions
     assert calls == []
 
 
+@pytest.mark.parametrize("engine,x_shape,w_shape,stride,pad", CONV_CASES,
+                         ids=[c[0] for c in CONV_CASES])
+def test_region_kernels_without_a_bias_or_a_weight_gradient(at_threads, small_regions,
+                                                            monkeypatch, engine, x_shape,
+                                                            w_shape, stride, pad):
+    # ResNet-20's convolutions have no bias, and a frozen layer wants no weight gradient
+    x, w = rand(x_shape, np.float32, 50), rand(w_shape, np.float32, 51)
+    g = output_gradient(x_shape, w_shape, stride, pad, np.float32, 52)
+    module, names = REGION_CALLS[engine]
+    calls = []
+    for name in names:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name: (
+            calls.append(name), real(*a))[1])
+
+    def step():
+        xt, wt = Tensor(x.copy(), requires_grad=True), Tensor(w.copy())
+        out = F.conv2d(xt, wt, stride=stride, padding=pad)
+        out.backward(g)
+        assert wt.grad is None
+        return out.data, xt.grad
+
+    regions = step()
+    assert bool(calls) == (at_threads > 1 and use_kernels(x)), calls
+    monkeypatch.setattr(gemm, "native", lambda dtype: None)  # the Python steps
+    for got, want in zip(regions, step()):
+        np.testing.assert_array_equal(got, want)
+
+
 REGION_KERNELS = [(wg, "_forward_region_kernel"), (wg, "_backward_region_kernel"),
                   (taps, "_forward_region_kernel"), (taps, "_backward_region_kernel"),
                   (unfold, "_forward_region_kernel"), (unfold, "_backward_region_kernel")]

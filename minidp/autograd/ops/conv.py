@@ -42,8 +42,9 @@ chunks, the same steps with NumPy's own GEMM inside, the same bits), with no Pyt
 no GIL between a thread's steps (:mod:`minidp.kernels.gemm` says why). The Python steps
 below run everywhere else:
 on one thread, on CuPy and the NumPy references, in float64, for the transposed
-backward pass (no model here takes it), and where a product has a side of 1 (NumPy
-runs gemv there).
+backward pass (no model here takes it), where a product has a side of 1 (NumPy
+runs gemv there), and for a readonly or strided array (the region kernels are compiled
+for writeable C-contiguous ones).
 """
 
 from __future__ import annotations

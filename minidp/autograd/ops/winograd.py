@@ -118,7 +118,8 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
 
     ``bias`` is None or (F, 1, 1). Returns the output and the transformed input of every
     chunk (in chunk order), which the weight gradient needs again (4 times x's size;
-    keeping it costs less than recomputing).
+    keeping it costs less than recomputing): a list of the chunks' planes from the Python
+    steps, one (chunks, 16, size) array of plane buffers from the region kernel.
     """
     xp = array_module(x, w)
     n, c, h, wd = x.shape
@@ -144,12 +145,12 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
     return out, plan.run(chunk)
 
 
-def backward(g: Any, x: Any, w: Any, plan: Plan, inputs: list, want_x: bool,
+def backward(g: Any, x: Any, w: Any, plan: Plan, inputs: Any, want_x: bool,
              want_w: bool) -> tuple:
     """Gradients (dx, dw) of :func:`forward` for the output gradient g; None where unwanted.
 
     ``inputs`` are the transformed input chunks that :func:`forward` returned for the
-    same ``plan``.
+    same ``plan`` (a list, or the region kernel's array: either is indexed by chunk).
     """
     xp = array_module(g)
     _, c, h, wd = x.shape
