@@ -9,7 +9,7 @@ where waking a thread that waited for the GIL costs 50-250 us): LeNet-5's first
 convolution's backward took 1.21-1.36 ms on two threads against 0.98-1.01 on one, and
 0.66-0.78 ms as one call per chunk with its products inside (docs/benchmarks.md). So on
 more than one thread the conv engines call the BLAS from inside their kernels, through
-this module (:func:`one_call_gemm` says when); on one there is no GIL to share, and the
+this module (:func:`region_gemm` says when); on one there is no GIL to share, and the
 Python steps run, with the same bits.
 
 The product is the ``cblas_?gemm`` of the library NumPy itself calls for ``matmul``
@@ -48,7 +48,7 @@ _NAMES = (("scipy_", "64_", ctypes.c_int64), ("", "64_", ctypes.c_int64),
 # The dtypes whose regions have parallel kernels: float32, what a step trains in. Compiling
 # them for float64 too (gradient checks) took 12 s more on the 2-core machine, of a tier
 # that every process running threads compiles first.
-ONE_CALL_DTYPES = (np.dtype(np.float32),)
+REGION_DTYPES = (np.dtype(np.float32),)
 
 _found: dict = {}
 
@@ -111,12 +111,12 @@ def native(dtype: Any) -> Any:
     return _found["functions"].get(np.dtype(dtype))
 
 
-def one_call_gemm(arrays: list, sizes: tuple, plan: Any) -> Any:
+def region_gemm(arrays: list, sizes: tuple, plan: Any) -> Any:
     """NumPy's cblas_?gemm when a region runs as one parallel kernel, else None.
 
     It does for a :class:`~minidp.kernels.threaded.Plan` of more than one thread (on one
     there is no GIL to share), on the Numba kernels, with every array of one dtype of
-    :data:`ONE_CALL_DTYPES` and its product found (:func:`native`), every array
+    :data:`REGION_DTYPES` and its product found (:func:`native`), every array
     C-contiguous, aligned and writeable (the region kernels are compiled for such arrays
     only: :func:`minidp.kernels.threaded.first_class`), and no side of the chunk's
     products (``sizes``) of 1: NumPy multiplies a vector by gemv, whose bits are not
@@ -124,7 +124,7 @@ def one_call_gemm(arrays: list, sizes: tuple, plan: Any) -> Any:
     """
     dtypes = {a.dtype for a in arrays}
     if (plan.threads < 2 or not use_kernels(*arrays) or len(dtypes) != 1
-            or dtypes.pop() not in ONE_CALL_DTYPES or min(sizes) < 2
+            or dtypes.pop() not in REGION_DTYPES or min(sizes) < 2
             or not all(a.flags.c_contiguous and a.flags.aligned and a.flags.writeable
                        for a in arrays)):
         return None

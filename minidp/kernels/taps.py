@@ -28,14 +28,14 @@ import numba
 import numpy as np
 
 from minidp.backend import array_module
-from minidp.kernels.gemm import NO_TRANS, ONE_CALL_DTYPES, ROW_MAJOR, TRANS, native
+from minidp.kernels.gemm import NO_TRANS, REGION_DTYPES, ROW_MAJOR, TRANS, native
 from minidp.kernels.jit import (
     ensure_compiled,
     register_parallel_warmup,
     register_warmup,
     use_kernels,
 )
-from minidp.kernels.threaded import c_array, first_class, region_signature
+from minidp.kernels.threaded import c_array, first_class
 
 
 @numba.njit(cache=True, nogil=True)
@@ -178,20 +178,14 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, g, x, w3t, k, rows, spa
 
 @functools.cache
 def _regions(dtype: Any) -> tuple:
-    """The row-tap engine's (forward, backward) region kernels, with their chunk kernels.
-
-    Each as :func:`~minidp.kernels.threaded.first_class` returns it, for NumPy's gemm of
-    ``dtype``, once per process. The signatures list the kernels' parameters above in
-    order (``a(n)``: an n-dimensional C array of ``dtype``).
-    """
+    """The row-tap (forward, backward) region and chunk kernels, as ``first_class`` gives them."""
     a, i = functools.partial(c_array, dtype), numba.types.int64
-    forward = (numba.typeof(native(dtype)), a(4), a(2), a(1), i, a(2), a(2), a(4))
-    backward = (numba.typeof(native(dtype)), a(4), a(4), a(2), i, a(2), a(2), numba.types.boolean,
-                a(4), a(2))
-    return (first_class(_forward_region_kernel, _forward_chunk_kernel,
-                        region_signature(forward, forward)),
-            first_class(_backward_region_kernel, _backward_chunk_kernel,
-                        region_signature(backward, backward[:-1] + (a(3),))))
+    gemm, want_w = numba.typeof(native(dtype)), numba.types.boolean
+    forward = (gemm, a(4), a(2), a(1), i, a(2), a(2), a(4))  # region: the same
+    backward = (gemm, a(4), a(4), a(2), i, a(2), a(2), want_w, a(4))  # then part / parts
+    return (first_class(_forward_region_kernel, _forward_chunk_kernel, forward, forward),
+            first_class(_backward_region_kernel, _backward_chunk_kernel, backward + (a(2),),
+                        backward + (a(3),)))
 
 
 def forward_region(gemm: Any, x: Any, w3: Any, bias: Any, k: int, plan: Any, rows: Any,
@@ -292,6 +286,6 @@ def _warm(dtype: type) -> None:
 
 @register_parallel_warmup
 def _warm_chunks(dtype: type) -> None:
-    gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
+    gemm = native(dtype) if dtype in REGION_DTYPES else None
     if gemm is not None:
         _regions(np.dtype(dtype))

@@ -32,7 +32,7 @@ instead split each small per-sample product, with a fork and a join every time.
   threads are Numba's OpenMP threads, the ones the streaming kernels run on, which spin
   briefly after each kernel (:data:`minidp.threads.IDLE_WAIT`), so that the step's next
   region or kernel finds them awake. Elsewhere (float64, the transposed backward pass, a
-  product with a side of 1: :func:`minidp.kernels.gemm.one_call_gemm`) the Python
+  product with a side of 1: :func:`minidp.kernels.gemm.region_gemm`) the Python
   threads of one persistent pool each run their part's chunks as Python steps around
   serial kernels (:meth:`Plan.run`); those kernels are compiled serial because Numba's
   workqueue threading layer, the one that is always there, aborts when two threads
@@ -181,8 +181,8 @@ class Plan:
         (threads + 1) where each thread's chunks begin in it, so the kernel's ``prange``
         over the threads gives thread t the chunks ``starts[t]:starts[t + 1]``, each run
         as one call of its chunk kernel (the first of ``args``, :func:`first_class`)
-        into thread t's buffers. No Python thread and no GIL in the
-        region: Numba's threads run it, the ones its streaming kernels run on (see
+        into thread t's buffers. No Python thread and no GIL in the region: Numba's
+        threads run it, the ones its streaming kernels run on (see
         :data:`minidp.threads.IDLE_WAIT`). BLAS runs on one thread meanwhile, as in
         :meth:`run`.
         """
@@ -231,19 +231,15 @@ def c_array(dtype: object, ndim: int) -> object:
     return numba.types.Array(numba.from_dtype(np.dtype(dtype)), ndim, "C")
 
 
-def region_signature(chunk_args: tuple, region_args: tuple) -> object:
-    """The signature of a region kernel for :meth:`Plan.run_kernel`.
+def first_class(region: Callable, chunk: Callable, chunk_args: tuple,
+                region_args: tuple) -> tuple:
+    """(region kernel, its chunk kernel as a first-class function), compiled once.
 
-    Its arguments: the plan's ``bounds`` and ``starts``, the chunk kernel as a first-class
-    function of ``chunk_args`` (Numba's ``FunctionType``), then ``region_args``.
-    """
-    chunk = numba.types.FunctionType(numba.types.void(*chunk_args))
-    return numba.types.void(numba.types.int64[:, ::1], numba.types.int64[::1], chunk,
-                            *region_args)
-
-
-def first_class(region: Callable, chunk: Callable, signature: object) -> tuple:
-    """(region kernel, its chunk kernel as a first-class function), compiled for ``signature``.
+    The chunk kernel is compiled for the types ``chunk_args``, the region kernel for the
+    plan's ``bounds`` and ``starts`` (:meth:`Plan.run_kernel`), the chunk kernel as a
+    first-class function of ``chunk_args`` (Numba's ``FunctionType``), then
+    ``region_args``. Each engine lists those types in its ``_regions(dtype)`` (``a(n)``:
+    an n-dimensional C array of the dtype) and keeps what this returns.
 
     A region kernel takes its chunk kernel as a first-class function and calls it through
     its address. A Numba function passed as itself would be compiled into the region
@@ -255,7 +251,7 @@ def first_class(region: Callable, chunk: Callable, signature: object) -> tuple:
     Both are compiled, or loaded from Numba's cache, here; then the region kernel
     compiles no more, so that nothing can compile the chunk into it, and a call with an
     array of another type (strided, readonly, another dtype or number of dimensions)
-    raises TypeError instead (:func:`minidp.kernels.gemm.one_call_gemm` keeps such arrays
+    raises TypeError instead (:func:`minidp.kernels.gemm.region_gemm` keeps such arrays
     on the Python steps). The chunk kernel goes in wrapped as its compiled code (Numba's
     ``CompileResultWAP``): the dispatcher would be converted anew at every call (100 us).
     Call it once per process, after ``ensure_compiled(parallel=True)`` (the node's lock:
@@ -265,9 +261,10 @@ def first_class(region: Callable, chunk: Callable, signature: object) -> tuple:
     wrapper prints it and returns), so the chunk kernels raise none: they index without
     bounds checks, and allocate only a few kilobytes of scratch.
     """
-    chunk_signature = signature.args[2].signature  # the first-class type's
+    chunk_signature = numba.types.void(*chunk_args)
     chunk.compile(chunk_signature)
-    region.compile(signature)
+    region.compile(numba.types.void(numba.types.int64[:, ::1], numba.types.int64[::1],
+                                    numba.types.FunctionType(chunk_signature), *region_args))
     region.disable_compile()
     return region, CompileResultWAP(chunk.overloads[chunk_signature.args])
 

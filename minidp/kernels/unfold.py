@@ -35,14 +35,14 @@ import numpy as np
 
 from minidp.backend import array_module
 from minidp.kernels import cuda
-from minidp.kernels.gemm import NO_TRANS, ONE_CALL_DTYPES, ROW_MAJOR, TRANS, native
+from minidp.kernels.gemm import NO_TRANS, REGION_DTYPES, ROW_MAJOR, TRANS, native
 from minidp.kernels.jit import (
     ensure_compiled,
     register_parallel_warmup,
     register_warmup,
     use_kernels,
 )
-from minidp.kernels.threaded import c_array, first_class, region_signature
+from minidp.kernels.threaded import c_array, first_class
 
 
 def output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -240,21 +240,15 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, x, g3, w2, kh, kw, stri
 
 @functools.cache
 def _regions(dtype: Any) -> tuple:
-    """The im2col engine's (forward, backward) region kernels, with their chunk kernels.
-
-    Each as :func:`~minidp.kernels.threaded.first_class` returns it, for NumPy's gemm of
-    ``dtype``, once per process. The signatures list the kernels' parameters above in
-    order (``a(n)``: an n-dimensional C array of ``dtype``).
-    """
+    """The im2col (forward, backward) region and chunk kernels, as ``first_class`` gives them."""
     a, i = functools.partial(c_array, dtype), numba.types.int64
     geometry = (i, i, i, i, i)
-    forward = (numba.typeof(native(dtype)), a(4), a(2), a(1), *geometry, a(2), a(3))
-    backward = (numba.typeof(native(dtype)), a(4), a(3), a(2), *geometry, a(2), numba.types.boolean,
-                a(4), a(2))
-    return (first_class(_forward_region_kernel, _forward_chunk_kernel,
-                        region_signature(forward, forward)),
-            first_class(_backward_region_kernel, _backward_chunk_kernel,
-                        region_signature(backward, backward[:-1] + (a(3),))))
+    gemm, want_w = numba.typeof(native(dtype)), numba.types.boolean
+    forward = (gemm, a(4), a(2), a(1), *geometry, a(2), a(3))  # region: the same
+    backward = (gemm, a(4), a(3), a(2), *geometry, a(2), want_w, a(4))  # then part / parts
+    return (first_class(_forward_region_kernel, _forward_chunk_kernel, forward, forward),
+            first_class(_backward_region_kernel, _backward_chunk_kernel, backward + (a(2),),
+                        backward + (a(3),)))
 
 
 def forward_region(gemm: Any, x: Any, w2: Any, bias: Any, geometry: tuple, plan: Any,
@@ -368,6 +362,6 @@ def _warm(dtype: type) -> None:
 
 @register_parallel_warmup
 def _warm_chunks(dtype: type) -> None:
-    gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
+    gemm = native(dtype) if dtype in REGION_DTYPES else None
     if gemm is not None:
         _regions(np.dtype(dtype))

@@ -37,14 +37,14 @@ import numba
 import numpy as np
 
 from minidp.backend import array_module
-from minidp.kernels.gemm import NO_TRANS, ONE_CALL_DTYPES, ROW_MAJOR, TRANS, native
+from minidp.kernels.gemm import NO_TRANS, REGION_DTYPES, ROW_MAJOR, TRANS, native
 from minidp.kernels.jit import (
     ensure_compiled,
     register_parallel_warmup,
     register_warmup,
     use_kernels,
 )
-from minidp.kernels.threaded import c_array, first_class, region_signature
+from minidp.kernels.threaded import c_array, first_class
 
 # Y = A^T M A, V = B^T d B, U = G w G^T
 B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64)
@@ -298,22 +298,17 @@ def _backward_region_kernel(bounds, starts, chunk, gemm, g, u, v, dm, dv, want_w
 
 @functools.cache
 def _regions(dtype: Any) -> tuple:
-    """The Winograd engine's (forward, backward) region kernels, with their chunk kernels.
-
-    Each as :func:`~minidp.kernels.threaded.first_class` returns it, for NumPy's gemm of
-    ``dtype``, once per process. The signatures list the kernels' parameters above in
-    order (``a(n)``: an n-dimensional C array of ``dtype``).
-    """
+    """The Winograd (forward, backward) region and chunk kernels, as ``first_class`` gives them."""
     a = functools.partial(c_array, dtype)
-    forward = (numba.typeof(native(dtype)), a(4), a(3), a(1), a(2), a(2), a(4))
-    backward = (numba.typeof(native(dtype)), a(4), a(3), a(2), a(2), a(2), numba.types.boolean,
-                a(4), a(3))
+    gemm, want_w = numba.typeof(native(dtype)), numba.types.boolean
+    # a chunk's planes v, m (dm, dv) and part are one thread's or chunk's row of the
+    # region's arrays: one dimension more there
     return (first_class(_forward_region_kernel, _forward_chunk_kernel,
-                        region_signature(forward, forward[:4] + (a(3), a(3), a(4)))),
+                        (gemm, a(4), a(3), a(1), a(2), a(2), a(4)),
+                        (gemm, a(4), a(3), a(1), a(3), a(3), a(4))),
             first_class(_backward_region_kernel, _backward_chunk_kernel,
-                        region_signature(backward, backward[:3] + (a(3), a(3), a(3),
-                                                                   numba.types.boolean,
-                                                                   a(4), a(4)))))
+                        (gemm, a(4), a(3), a(2), a(2), a(2), want_w, a(4), a(3)),
+                        (gemm, a(4), a(3), a(3), a(3), a(3), want_w, a(4), a(4))))
 
 
 def forward_region(gemm: Any, x: Any, u: Any, bias: Any, plan: Any, m: Any, out: Any) -> Any:
@@ -481,6 +476,6 @@ def _warm(dtype: type) -> None:
 
 @register_parallel_warmup
 def _warm_chunks(dtype: type) -> None:
-    gemm = native(dtype) if dtype in ONE_CALL_DTYPES else None
+    gemm = native(dtype) if dtype in REGION_DTYPES else None
     if gemm is not None:
         _regions(np.dtype(dtype))

@@ -508,15 +508,15 @@ def test_one_thread_a_side_of_one_float64_or_two_dtypes_keep_the_python_steps():
     two, one = threaded.Plan(8, 1 << 20, threads=2), threaded.Plan(8, 1 << 20, threads=1)
     assert two.threads == 2 and one.threads == 1
     expected = gemm.native(np.float32) if use_kernels(a32) else None  # None off the kernels
-    assert gemm.one_call_gemm([a32, a32], (2, 3, 4), two) is expected
-    assert gemm.one_call_gemm([a32, a32], (2, 3, 4), one) is None
-    assert gemm.one_call_gemm([a32, a32], (2, 1, 4), two) is None  # NumPy multiplies by gemv
-    assert gemm.one_call_gemm([a64, a64], (2, 3, 4), two) is None
-    assert gemm.one_call_gemm([a32, a64], (2, 3, 4), two) is None
+    assert gemm.region_gemm([a32, a32], (2, 3, 4), two) is expected
+    assert gemm.region_gemm([a32, a32], (2, 3, 4), one) is None
+    assert gemm.region_gemm([a32, a32], (2, 1, 4), two) is None  # NumPy multiplies by gemv
+    assert gemm.region_gemm([a64, a64], (2, 3, 4), two) is None
+    assert gemm.region_gemm([a32, a64], (2, 3, 4), two) is None
     frozen = a32.copy()
     frozen.flags.writeable = False  # the region kernels are compiled for writeable arrays
-    assert gemm.one_call_gemm([frozen, a32], (2, 3, 4), two) is None
-    assert gemm.one_call_gemm([np.zeros((2, 4), np.float32)[:, ::2], a32], (2, 3, 4),
+    assert gemm.region_gemm([frozen, a32], (2, 3, 4), two) is None
+    assert gemm.region_gemm([np.zeros((2, 4), np.float32)[:, ::2], a32], (2, 3, 4),
                               two) is None  # not C-contiguous
     # a single filter: the Python steps, still the textbook's result
     x, w, b = rand((3, 2, 6, 6), np.float64, 31), rand((1, 2, 3, 3), np.float64, 32), rand(

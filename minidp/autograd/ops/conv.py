@@ -56,7 +56,7 @@ from minidp.autograd.ops import rowtap, winograd
 from minidp.backend import array_module
 from minidp.kernels import col2im, im2col, output_size, use_kernels
 from minidp.kernels import unfold as unfold_chunk
-from minidp.kernels.gemm import one_call_gemm
+from minidp.kernels.gemm import region_gemm
 from minidp.kernels.threaded import Plan, fold
 
 
@@ -171,8 +171,8 @@ class Conv2d(Function):
         out3 = out.reshape(n, f, oh * ow)
         w2 = xp.ascontiguousarray(w.reshape(f, -1))
         unfold = Unfolder(x, kh, kw, stride, padding, padding)
-        native = one_call_gemm([x, w2] + ([] if bias is None else [bias]),
-                               (f, oh * ow, w2.shape[1]), unfold.plan)
+        native = region_gemm([x, w2] + ([] if bias is None else [bias]),
+                             (f, oh * ow, w2.shape[1]), unfold.plan)
 
         if native is not None:  # the chunks below, on the rank's threads in one kernel call
             unfold_chunk.forward_region(native, x, w2, bias, unfold.geometry, unfold.plan,
@@ -249,7 +249,7 @@ class Conv2d(Function):
         g3, w2 = g.reshape(n, f, oh * ow), xp.ascontiguousarray(self.w.reshape(f, -1))
         unfold = Unfolder(self.x, kh, kw, stride, p, p)
         gx = xp.empty(self.x.shape, dtype=g.dtype) if self.wants(0) else None
-        native = one_call_gemm([g, self.x, w2], (f, oh * ow, w2.shape[1]), unfold.plan)
+        native = region_gemm([g, self.x, w2], (f, oh * ow, w2.shape[1]), unfold.plan)
 
         def chunk(thread: int, lo: int, hi: int) -> Any:
             g2 = by_channel(g3[lo:hi])  # (F, nb*OH*OW)

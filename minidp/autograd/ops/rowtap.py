@@ -26,7 +26,7 @@ from typing import Any
 
 from minidp.backend import array_module
 from minidp.kernels import taps
-from minidp.kernels.gemm import one_call_gemm
+from minidp.kernels.gemm import region_gemm
 from minidp.kernels.jit import use_kernels
 from minidp.kernels.taps import row_shifts, sum_taps, tap_rows
 from minidp.kernels.threaded import Plan, fold
@@ -79,8 +79,8 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> Any:
     w3 = xp.ascontiguousarray(w.transpose(2, 0, 1, 3)).reshape(k * f, c * k)  # (i,f), (c,j)
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
     buffers = _Buffers(x, (c * k, k * f), plan, (h + k - 1) * wd)
-    native = one_call_gemm([x, w3] + ([] if bias is None else [bias]), (k * f, c * k),
-                           plan)
+    native = region_gemm([x, w3] + ([] if bias is None else [bias]), (k * f, c * k),
+                         plan)
     if native is not None:  # the chunks below, on the rank's threads in one kernel call
         taps.forward_region(native, x, w3, bias, k, plan, *buffers.flat, out)
         return out
@@ -104,7 +104,7 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, want_x: bool, want_w: bool) -> 
     w3t = xp.ascontiguousarray(flipped.transpose(2, 1, 0, 3)).reshape(k * c, f * k)
     gx = xp.empty(x.shape, dtype=g.dtype) if want_x else None
     buffers = _Buffers(g, (f * k, k * c), plan, (h + k - 1) * wd)
-    native = one_call_gemm([g, x, w3t], (k * c, f * k), plan)
+    native = region_gemm([g, x, w3t], (k * c, f * k), plan)
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
         rows = tap_rows(g[lo:hi], k, out=buffers.get(thread, 0, lo, hi))  # (F*k, nb*Hp*W)

@@ -29,7 +29,7 @@ from typing import Any
 
 from minidp.backend import array_module
 from minidp.kernels import winograd as kernels
-from minidp.kernels.gemm import one_call_gemm
+from minidp.kernels.gemm import region_gemm
 from minidp.kernels.jit import use_kernels
 from minidp.kernels.threaded import Plan, fold
 from minidp.kernels.winograd import (
@@ -128,8 +128,8 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
     u = _weight_transform(w)
     out = xp.empty((n, f, h, wd), dtype=x.dtype)
     m_buffers = _buffers(x, f, plan, th * tw)
-    native = one_call_gemm([x, u] + ([] if bias is None else [bias]),
-                           (f, c, _fewest_tiles(plan, th * tw)), plan)
+    native = region_gemm([x, u] + ([] if bias is None else [bias]),
+                         (f, c, _fewest_tiles(plan, th * tw)), plan)
 
     if native is not None:  # the chunks below, on the rank's threads in one kernel call
         return out, kernels.forward_region(native, x, u, bias, plan, m_buffers, out)
@@ -162,7 +162,7 @@ def backward(g: Any, x: Any, w: Any, plan: Plan, inputs: Any, want_x: bool,
     dm_buffers, dv_buffers = _buffers(g, f, plan, th * tw), _buffers(g, c, plan, th * tw)
     first = {lo: k for k, (lo, _) in enumerate(plan.bounds)}  # a chunk's index in inputs
     # the forward's chunks came from the region kernel (one array) or from Python (a list)
-    native = (one_call_gemm([g, x, u], (f, c, _fewest_tiles(plan, th * tw)), plan)
+    native = (region_gemm([g, x, u], (f, c, _fewest_tiles(plan, th * tw)), plan)
               if not isinstance(inputs, list) else None)
 
     def chunk(thread: int, lo: int, hi: int) -> Any:
