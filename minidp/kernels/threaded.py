@@ -63,6 +63,7 @@ from typing import TypeVar
 import numba
 import numpy as np
 from numba.core.types.function_type import CompileResultWAP
+from numba.core.typing.typeof import typeof_impl
 from numba.experimental import function_type  # noqa: F401 (how a call types and passes one)
 
 from minidp.kernels.jit import ensure_compiled
@@ -253,7 +254,8 @@ def first_class(region: Callable, chunk: Callable, chunk_args: tuple,
     array of another type (strided, readonly, another dtype or number of dimensions)
     raises TypeError instead (:func:`minidp.kernels.gemm.region_gemm` keeps such arrays
     on the Python steps). The chunk kernel goes in wrapped as its compiled code (Numba's
-    ``CompileResultWAP``): the dispatcher would be converted anew at every call (100 us).
+    ``CompileResultWAP``, its type kept: :class:`_ChunkKernel`): the dispatcher would be
+    converted anew at every call (100 us).
     Call it once per process, after ``ensure_compiled(parallel=True)`` (the node's lock:
     the ranks of a node compile once); the engines keep what it returns.
 
@@ -266,7 +268,25 @@ def first_class(region: Callable, chunk: Callable, chunk_args: tuple,
     region.compile(numba.types.void(numba.types.int64[:, ::1], numba.types.int64[::1],
                                     numba.types.FunctionType(chunk_signature), *region_args))
     region.disable_compile()
-    return region, CompileResultWAP(chunk.overloads[chunk_signature.args])
+    return region, _ChunkKernel(chunk.overloads[chunk_signature.args])
+
+
+class _ChunkKernel(CompileResultWAP):
+    """A chunk kernel's compiled code, as a first-class function typed once.
+
+    Numba types each argument of a kernel call, and would build a new ``FunctionType``
+    for a compiled function every time; this one keeps it (as the BLAS's product keeps
+    its own: :func:`minidp.kernels.gemm._typed`).
+    """
+
+    def __init__(self, compiled: object) -> None:
+        super().__init__(compiled)
+        self.numba_type = numba.types.FunctionType(self.signature())
+
+
+@typeof_impl.register(_ChunkKernel)
+def _typeof_chunk_kernel(value: _ChunkKernel, context: object) -> object:
+    return value.numba_type
 
 
 def fold(parts: list) -> object:

@@ -32,7 +32,7 @@ from minidp.kernels import gemm, taps, threaded, unfold
 from minidp.kernels import pooling as pl
 from minidp.kernels import reduce as rd
 from minidp.kernels import winograd as wg
-from minidp.kernels.jit import use_kernels
+from minidp.kernels.jit import ensure_compiled, use_kernels
 
 # the counts this process can run (the last test runs 3 in a child where Numba has fewer)
 THREADS = [t for t in (1, 2, 3) if t <= numba.config.NUMBA_NUM_THREADS]
@@ -315,6 +315,30 @@ def test_linear_on_threads_equals_the_float64_products(at_threads, batch):
                       (wt.grad, g64.T @ x64), (bt.grad, g64.sum(axis=0))):
         # float32 sums of up to 400 products: within 1e-5 of the largest element
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="the region kernels are Numba's")
+def test_the_gemm_and_a_chunk_kernel_are_typed_once_not_at_every_call(monkeypatch):
+    # Numba would rebuild a ctypes function's type from its 14 argument types, and a
+    # compiled function's FunctionType, at every kernel call: 20-100 us each
+    from numba.core.typing import ctypes_utils
+    from numba.experimental import function_type
+
+    function = gemm.native(np.float32)
+    kept = numba.typeof(function)
+    assert kept == ctypes_utils.make_function_type(function)
+    ensure_compiled(parallel=True)
+    (_, chunk), _ = unfold._regions(np.dtype(np.float32))
+    chunk_type = numba.typeof(chunk)
+    assert chunk_type == numba.types.FunctionType(chunk.signature())
+
+    def fail(*args):
+        raise AssertionError("typed again")
+
+    monkeypatch.setattr(ctypes_utils, "make_function_type", fail)
+    monkeypatch.setattr(function_type, "FunctionType", fail)
+    assert numba.typeof(function) == kept
+    assert numba.typeof(chunk) == chunk_type
 
 
 def test_plan_raises_a_threads_error_after_every_thread_stopped(small_regions):
