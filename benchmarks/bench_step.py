@@ -9,9 +9,14 @@
 float32, measured in the same run: mlp at batch 128, lenet5, cifar_cnn and resnet20 at
 batch 64, at each thread count of ``--threads`` (default 1; minidp's count is set by
 ``minidp.threads.limit_threads``, PyTorch's by ``torch.set_num_threads``). Every
-(framework, thread count) pair takes one step in turn, so that a machine shared with
-other jobs slows all alike, for at least 15 rounds and 4 s per repeat; each of
-``--repeats`` (3) repeats gives each pair's median step. The tables give the median over
+(framework, thread count) pair takes its turn, so that a machine shared with other jobs
+slows all alike, for at least 15 rounds and 4 s per repeat; each of ``--repeats`` (3)
+repeats gives each pair's median step. A turn is ``--block`` (2) steps, each timed but
+the first: the first follows the other pairs' turns, after which a pair's threads have
+slept for milliseconds, a start that a training run, its steps back to back, pays once
+(on the 2-core machine a minidp step at two threads after a 6 ms pause took 1.2 ms more
+than one right after a step, the MLP's 5.5 ms against 4.3). ``--block 1`` times every
+step, the turns one step each. The tables give the median over
 the repeats of those medians, and every ratio as the median (and [min, max]) of the
 repeats' ratios, each ratio between two steps of the same repeat: minidp / PyTorch at
 each thread count, and each framework's speed-up over its own one-thread step.
@@ -188,21 +193,28 @@ class TorchProcess:
 
 
 def interleaved_medians(steps, repeats=3, warmup=3, min_steps=15, min_seconds=4.0,
-                        prepare=None):
+                        prepare=None, block=2):
     """Per repeat, each step's median time, the steps run in turn (warm-up runs first).
 
-    ``prepare``: one callable per step (or None), called untimed before each of its steps
-    (the thread count of the pair it measures). A step that returns a number is timed
-    by it (PyTorch's, measured in its own process).
+    ``prepare``: one callable per step (or None), called untimed before each turn of its
+    steps (the thread count of the pair it measures). A turn is ``block`` steps, all
+    timed but the first (the one step timed when ``block`` is 1). A step that returns a
+    number is timed by it (PyTorch's, measured in its own process).
     """
     prepare = prepare or [None] * len(steps)
 
-    def run(i):
-        if prepare[i] is not None:
-            prepare[i]()
+    def timed(i):
         t0 = time.perf_counter()
         own = steps[i]()  # a step in another process returns the time it took there
         return own if own is not None else time.perf_counter() - t0
+
+    def run(i):
+        """One turn of step i: its times (all but the first step's, unless block is 1)."""
+        if prepare[i] is not None:
+            prepare[i]()
+        if block > 1:
+            steps[i]()
+        return [timed(i) for _ in range(max(1, block - 1))]
 
     for i in range(len(steps)):
         for _ in range(warmup):
@@ -213,7 +225,7 @@ def interleaved_medians(steps, repeats=3, warmup=3, min_steps=15, min_seconds=4.
         start = time.perf_counter()
         while len(times[0]) < min_steps or time.perf_counter() - start < min_seconds:
             for i in range(len(steps)):
-                times[i].append(run(i))
+                times[i] += run(i)
         medians.append([statistics.median(t) for t in times])
     return medians
 
@@ -316,7 +328,12 @@ def main():
     parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy")
     parser.add_argument("--no-torch", action="store_true",
                         help="minidp alone, no PyTorch process beside it")
+    parser.add_argument("--block", type=int, default=2,
+                        help="steps per turn of a pair, the first untimed (2; 1: every step "
+                             "timed, one a turn)")
     args = parser.parse_args()
+    if args.block < 1:
+        parser.error(f"--block: got {args.block}, allowed: 1 or more steps")
     device = "cpu"
     if args.backend == "cupy":
         backend.set_backend("cupy")
@@ -344,7 +361,7 @@ def main():
                 steps.append(pytorch.step(name, batch, shape, device))
                 prepare.append(lambda t=t: pytorch.set_threads(t))
                 keys.append(("torch", t))
-        medians = interleaved_medians(steps, args.repeats, prepare=prepare)
+        medians = interleaved_medians(steps, args.repeats, prepare=prepare, block=args.block)
         time_of = {k: [m[i] for m in medians] for i, k in enumerate(keys)}
         ms = {k: statistics.median(v) * 1e3 for k, v in time_of.items()}
         row = [name, batch]
