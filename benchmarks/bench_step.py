@@ -16,10 +16,10 @@ the first: the first follows the other pairs' turns, after which a pair's thread
 slept for milliseconds, a start that a training run, its steps back to back, pays once
 (on the 2-core machine a minidp step at two threads after a 6 ms pause took 1.2 ms more
 than one right after a step, the MLP's 5.5 ms against 4.3). ``--block 1`` times every
-step, the turns one step each. The tables give the median over
-the repeats of those medians, and every ratio as the median (and [min, max]) of the
-repeats' ratios, each ratio between two steps of the same repeat: minidp / PyTorch at
-each thread count, and each framework's speed-up over its own one-thread step.
+step, the turns one step each. The tables give the median over the repeats of those
+medians, and every ratio as the median (and [min, max]) of the repeats' ratios, each
+ratio between two steps of the same repeat: minidp / PyTorch at each thread count, and
+each framework's speed-up over its own one-thread step.
 
 PyTorch runs in a process of its own (``--torch-worker``, driven through a pipe; each
 step's time is taken inside it), which imports neither minidp nor anything minidp set:
