@@ -152,7 +152,7 @@ class Conv2d(Function):
         bias = None if b is None else b.reshape(f, 1, 1)
         if winograd.applies(x.shape, w.shape, stride, padding):
             self.plan = self._plan(winograd)
-            out, self.planes = winograd.forward(x, w, bias, self.plan)
+            out, self.planes, self.transformed_w = winograd.forward(x, w, bias, self.plan)
         elif rowtap.applies(x.shape, w.shape, stride, padding):
             self.plan = self._plan(rowtap)
             out = rowtap.forward(x, w, bias, self.plan)
@@ -193,8 +193,8 @@ class Conv2d(Function):
         kh, kw, stride, padding = self.geometry
         gb = g.sum(axis=(0, 2, 3)) if self.wants(2) else None
         if winograd.applies(self.x.shape, self.w.shape, stride, padding):
-            gx, gw = winograd.backward(g, self.x, self.w, self.plan, self.planes,
-                                       self.wants(0), self.wants(1))
+            gx, gw = winograd.backward(g, self.x, self.transformed_w, self.plan,
+                                       self.planes, self.wants(0), self.wants(1))
             return gx, gw, gb
         if rowtap.applies(self.x.shape, self.w.shape, stride, padding):
             gx, gw = rowtap.backward(g, self.x, self.w, self.plan, self.wants(0),
