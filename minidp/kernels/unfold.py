@@ -362,6 +362,5 @@ def _warm(dtype: type) -> None:
 
 @register_parallel_warmup
 def _warm_chunks(dtype: type) -> None:
-    gemm = native(dtype) if dtype in REGION_DTYPES else None
-    if gemm is not None:
+    if dtype in REGION_DTYPES and native(dtype) is not None:
         _regions(np.dtype(dtype))

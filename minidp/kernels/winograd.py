@@ -321,8 +321,7 @@ def forward_region(gemm: Any, x: Any, u: Any, bias: Any, plan: Any, m: Any, out:
     """
     bias = np.empty(0, out.dtype) if bias is None else bias.reshape(out.shape[1])
     th, tw = tiles(*x.shape[2:])
-    v = np.empty((len(plan.bounds), 16, x.shape[1] * plan.largest * th * tw + PLANE_PAD),
-                 x.dtype)
+    v = plane_buffer(x.shape[1], plan.largest * th * tw, x.dtype, stacked=len(plan.bounds))
     ensure_compiled(parallel=True)  # under the node's lock, before _regions compiles
     kernel, chunk = _regions(x.dtype)[0]
     plan.run_kernel(kernel, chunk, gemm, x, u, bias, v, m, out)
@@ -347,9 +346,15 @@ def backward_region(gemm: Any, g: Any, u: Any, v: Any, plan: Any, dm: Any, dv: A
     return parts if want_w else None
 
 
-def plane_buffer(channels: int, count: int, dtype: Any, xp: Any = np) -> Any:
-    """An empty (16, channels*count + PLANE_PAD) buffer of transformed tiles."""
-    return xp.empty((16, channels * count + PLANE_PAD), dtype=dtype)
+def plane_buffer(channels: int, count: int, dtype: Any, xp: Any = np,
+                 stacked: int | None = None) -> Any:
+    """An empty (16, channels*count + PLANE_PAD) buffer of transformed tiles.
+
+    With ``stacked``, that many of them as one (stacked, 16, ...) array: a region
+    kernel's buffers, one a thread or a chunk.
+    """
+    shape = (16, channels * count + PLANE_PAD)
+    return xp.empty(shape if stacked is None else (stacked, *shape), dtype=dtype)
 
 
 def planes(buffer: Any, channels: int, count: int) -> Any:
@@ -476,6 +481,5 @@ def _warm(dtype: type) -> None:
 
 @register_parallel_warmup
 def _warm_chunks(dtype: type) -> None:
-    gemm = native(dtype) if dtype in REGION_DTYPES else None
-    if gemm is not None:
+    if dtype in REGION_DTYPES and native(dtype) is not None:
         _regions(np.dtype(dtype))

@@ -33,12 +33,12 @@ from minidp.kernels.gemm import region_gemm
 from minidp.kernels.jit import use_kernels
 from minidp.kernels.threaded import Plan, fold
 from minidp.kernels.winograd import (
-    PLANE_PAD,
     G,
     input_grad,
     input_transform,
     output_grad,
     output_transform,
+    plane_buffer,
     planes,
     tiles,
 )
@@ -69,8 +69,8 @@ def _buffers(a: Any, channels: int, plan: Plan, per_sample: int) -> Any:
     """
     if not use_kernels(a):
         return [None] * plan.threads
-    return array_module(a).empty((plan.threads, 16, channels * plan.largest * per_sample
-                                  + PLANE_PAD), dtype=a.dtype)
+    return plane_buffer(channels, plan.largest * per_sample, a.dtype, array_module(a),
+                        stacked=plan.threads)
 
 
 def _weight_transform(w: Any) -> Any:
