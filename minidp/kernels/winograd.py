@@ -221,6 +221,67 @@ def _input_grad_kernel(dv, dx):  # pragma: no cover - compiled
                     dst[o + np.uint64(k)] = padded[s + np.uint64(k)]
 
 
+# The weights' transforms, U = G w G^T before the forward products and dw = G^T dU G
+# after the backward ones, once per layer and step. As NumPy code (the references
+# below) each was two products 3 or 4 wide and the transposing copies around them:
+# 4.9 ms of a ResNet-20 step, on one thread at any thread count, mostly BLAS's set-up of
+# 20 tiny products. Here each filter's 4x4 (or 3x3) result is written out from G's
+# entries (0, 1/2, -1/2, 1). Each value is what those products compute: a sum from
+# zero of exact terms, in the products' order (BLAS's kernels add them so), where a
+# term with a zero coefficient changes nothing once the sum has begun (for finite
+# weights). With OpenBLAS the bits are the references' (tests/unit/test_kernels.py
+# checks them against the references and an einsum in float64).
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _g(zero, half, a0, a1, a2):  # pragma: no cover - compiled
+    """G a for three values a (a column of w, or a row of w G^T): four values."""
+    return (zero + a0, zero + half * a0 + half * a1 + half * a2,
+            zero + half * a0 - half * a1 + half * a2, zero + a2)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _gt(zero, half, b0, b1, b2, b3):  # pragma: no cover - compiled
+    """G^T b for four values b (a column of dU, or a row of dU G): three values."""
+    return (zero + b0 + half * b1 + half * b2, zero + half * b1 - half * b2,
+            zero + half * b1 + half * b2 + b3)
+
+
+@numba.njit(cache=True, nogil=True)
+def _weight_transform_kernel(w, u):  # pragma: no cover - compiled
+    """U[4*xi + nu, f, c] = (G w[f, c] G^T)[xi, nu] of w (F, C, 3, 3)."""
+    n_f, n_c = w.shape[0], w.shape[1]
+    zero, half = u.dtype.type(0), u.dtype.type(0.5)
+    for f in range(n_f):
+        for c in range(n_c):
+            # w G^T: row i of w times G^T is G applied to that row
+            r0 = _g(zero, half, w[f, c, 0, 0], w[f, c, 0, 1], w[f, c, 0, 2])
+            r1 = _g(zero, half, w[f, c, 1, 0], w[f, c, 1, 1], w[f, c, 1, 2])
+            r2 = _g(zero, half, w[f, c, 2, 0], w[f, c, 2, 1], w[f, c, 2, 2])
+            # G (w G^T), column nu: position 4*xi + nu holds its row xi
+            for nu in range(4):
+                col = _g(zero, half, r0[nu], r1[nu], r2[nu])
+                u[nu, f, c], u[4 + nu, f, c] = col[0], col[1]
+                u[8 + nu, f, c], u[12 + nu, f, c] = col[2], col[3]
+
+
+@numba.njit(cache=True, nogil=True)
+def _weight_grad_kernel(du, dw):  # pragma: no cover - compiled
+    """Dw[f, c] = G^T dU[:, c, f] G (3x3) of dU (16, C, F), position p = 4*xi + nu."""
+    n_c, n_f = du.shape[1], du.shape[2]
+    zero, half = dw.dtype.type(0), dw.dtype.type(0.5)
+    for c in range(n_c):
+        for f in range(n_f):
+            # dU G: row xi of dU times G is G^T applied to that row
+            r0 = _gt(zero, half, du[0, c, f], du[1, c, f], du[2, c, f], du[3, c, f])
+            r1 = _gt(zero, half, du[4, c, f], du[5, c, f], du[6, c, f], du[7, c, f])
+            r2 = _gt(zero, half, du[8, c, f], du[9, c, f], du[10, c, f], du[11, c, f])
+            r3 = _gt(zero, half, du[12, c, f], du[13, c, f], du[14, c, f], du[15, c, f])
+            for j in range(3):  # G^T (dU G), column j
+                col = _gt(zero, half, r0[j], r1[j], r2[j], r3[j])
+                for i in range(3):
+                    dw[f, c, i, j] = col[i]
+
+
 PLANE_PAD = 16  # elements between planes: see the module docstring
 
 
@@ -425,6 +486,47 @@ def input_grad_reference(dv: Any, shape: tuple) -> Any:
     return xp.ascontiguousarray(padded[:, :, 1:h + 1, 1:w + 1])
 
 
+def weight_transform_reference(w: Any) -> Any:
+    """U = G w G^T for every (f, c), in NumPy/CuPy: (16, F, C), as two plain GEMMs."""
+    xp = array_module(w)
+    g = xp.asarray(G, dtype=w.dtype)
+    f, c = w.shape[:2]
+    right = (w.reshape(f * c * 3, 3) @ g.T).reshape(f * c, 3, 4)  # w G^T
+    u = right.transpose(0, 2, 1).reshape(f * c * 4, 3) @ g.T  # (G w G^T)^T per (f, c)
+    return xp.ascontiguousarray(u.reshape(f, c, 4, 4).transpose(3, 2, 0, 1)).reshape(16, f, c)
+
+
+def weight_grad_reference(du: Any) -> Any:
+    """The weight gradient G^T dU G of dU (16, C, F), in NumPy/CuPy: (F, C, 3, 3)."""
+    xp = array_module(du)
+    g = xp.asarray(G, dtype=du.dtype)
+    _, c, f = du.shape
+    d = xp.ascontiguousarray(du.reshape(4, 4, c, f).transpose(3, 2, 0, 1))  # (F, C, 4, 4)
+    right = (d.reshape(f * c * 4, 4) @ g).reshape(f * c, 4, 3)  # dU G
+    dw = right.transpose(0, 2, 1).reshape(f * c * 3, 4) @ g  # (G^T dU G)^T per (f, c)
+    return xp.ascontiguousarray(dw.reshape(f, c, 3, 3).transpose(0, 1, 3, 2))
+
+
+def weight_transform(w: Any) -> Any:
+    """The transformed weights U = G w G^T of w (F, C, 3, 3): (16, F, C)."""
+    if not use_kernels(w):
+        return weight_transform_reference(w)
+    ensure_compiled()
+    u = np.empty((16, w.shape[0], w.shape[1]), dtype=w.dtype)
+    _weight_transform_kernel(np.ascontiguousarray(w), u)
+    return u
+
+
+def weight_grad(du: Any) -> Any:
+    """The weight gradient G^T dU G of dU (16, C, F): (F, C, 3, 3)."""
+    if not use_kernels(du):
+        return weight_grad_reference(du)
+    ensure_compiled()
+    dw = np.empty((du.shape[2], du.shape[1], 3, 3), dtype=du.dtype)
+    _weight_grad_kernel(np.ascontiguousarray(du), dw)
+    return dw
+
+
 def input_transform(x: Any, out: Any = None) -> Any:
     """The plane buffer V of x (N, C, H, W), padding 1; into ``out`` if given."""
     if not use_kernels(x):
@@ -477,6 +579,9 @@ def _warm(dtype: type) -> None:
     _output_kernel(buffer, x)
     _output_grad_kernel(x, buffer)
     _input_grad_kernel(buffer, x)
+    w, u = np.zeros((1, 1, 3, 3), dtype=dtype), np.zeros((16, 1, 1), dtype=dtype)
+    _weight_transform_kernel(w, u)
+    _weight_grad_kernel(u, w)
 
 
 @register_parallel_warmup

@@ -107,6 +107,24 @@ def test_winograd_kernels_match_reference(dtype, shape):
     np.testing.assert_allclose(dx, wg.input_grad_reference(m, shape), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("f,c", [(4, 3), (1, 1), (6, 9)])
+def test_winograd_weight_kernels_match_reference_and_the_equations(dtype, f, c):
+    w, du = rand((f, c, 3, 3), dtype), rand((16, c, f), dtype, 1)
+    u, dw = np.full((16, f, c), np.nan, dtype), np.full_like(w, np.nan)
+    wg._weight_transform_kernel(w, u)
+    wg._weight_grad_kernel(du, dw)
+    tol = tolerance(dtype)
+    np.testing.assert_allclose(u, wg.weight_transform_reference(w), rtol=tol, atol=tol)
+    np.testing.assert_allclose(dw, wg.weight_grad_reference(du), rtol=tol, atol=tol)
+    # U = G w G^T and dw = G^T dU G, written apart from both, in float64
+    w64, du64 = w.astype(np.float64), du.astype(np.float64).reshape(4, 4, c, f)
+    np.testing.assert_allclose(u, np.einsum("ai,fcij,bj->abfc", wg.G, w64, wg.G).reshape(16, f, c),
+                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(dw, np.einsum("ai,abcf,bj->fcij", wg.G, du64, wg.G), rtol=tol,
+                               atol=tol)
+
+
 def test_winograd_references_compute_a_convolution_and_its_gradients():
     x, w = rand((2, 3, 5, 6), np.float64), rand((4, 3, 3, 3), np.float64, 1)
     n, c, h, wd = x.shape
