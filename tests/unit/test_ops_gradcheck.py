@@ -141,7 +141,7 @@ def test_conv2d_same_padding_by_each_engine(monkeypatch, engine):
 
 
 def test_winograd_transforms_the_weights_once_for_both_passes(monkeypatch):
-    # U = G w G^T (0.13 ms for a 64 x 64 layer, on one thread): the backward pass
+    # U = G w G^T (0.2 ms for a 64 x 64 layer, on one thread): the backward pass
     # multiplies by the forward's U, with the same bits as transforming w again
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
     transforms = []

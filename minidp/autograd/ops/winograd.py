@@ -101,8 +101,8 @@ def forward(x: Any, w: Any, bias: Any, plan: Plan) -> tuple:
     keeping it costs less than recomputing): a list of the chunks' planes from the Python
     steps, one (chunks, 16, size) array of plane buffers from the region kernel; and the
     transformed weights U (16, F, C), which the input gradient multiplies by again
-    (transforming them runs on one thread: 0.13 ms for a 64 x 64 layer on the 2-core
-    machine, 0.22 ms as NumPy's products).
+    (transforming them runs on one thread: 0.17-0.19 ms for a 64 x 64 layer on the 2-core
+    machine, 0.23-0.33 ms as NumPy's products).
     """
     xp = array_module(x, w)
     n, c, h, wd = x.shape
