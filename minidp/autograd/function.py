@@ -3,7 +3,9 @@
 A Function subclass implements ``forward(*arrays, **options)`` returning the output
 array and ``backward(grad_output)`` returning one gradient per input (None where
 an input needs none; ``self.wants(i)`` tells which inputs do, so a costly
-gradient such as that of the image batch is never computed). Whatever backward
+gradient such as that of the image batch is never computed). A backward may also add
+a leaf input's gradient into that leaf's ``grad`` array itself, and return None for it
+(Linear's weight gradient, added in the BLAS's product). Whatever backward
 needs is saved on ``self`` during forward: the instance *is* the saved context.
 :meth:`Function.apply` wraps the arrays of Tensor inputs, runs forward, and links
 the output into the graph only when a gradient is needed, so inference under

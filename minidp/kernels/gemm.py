@@ -21,6 +21,11 @@ A kernel receives the function as an argument (Numba caches it by its signature,
 address) and calls it directly: kernels call compiled functions of their own file only
 (:mod:`.locator`).
 
+From Python, :func:`add_product` calls the same function with beta = 1: ``out += a @ b``
+inside the BLAS, which NumPy's matmul (beta = 0 always) cannot do. A linear layer's
+weight gradient is added into the flat gradient buffer this way, instead of a product
+into a new array and then a pass of ``+=`` over both.
+
 Each function found is tried once on a small product against NumPy's matmul, bit for
 bit. Where none is found or passes (a BLAS with other names), :func:`native` is None and
 the engines keep their chunks in Python around the same kernels: the same bits, slower
@@ -149,3 +154,53 @@ def region_gemm(arrays: list, sizes: tuple, plan: Any) -> Any:
                        for a in arrays)):
         return None
     return native(arrays[0].dtype)
+
+
+def _operand(x: Any) -> tuple | None:
+    """(transpose flag, leading dimension) of a 2-D operand for a row-major cblas call.
+
+    As NumPy's matmul passes them: a C-contiguous matrix untransposed, a Fortran-ordered
+    one (the transpose of a C-contiguous matrix) transposed. None for any other layout.
+    """
+    if not x.flags.aligned:
+        return None
+    if x.flags.c_contiguous:
+        return NO_TRANS, x.shape[1]
+    if x.flags.f_contiguous:
+        return TRANS, x.shape[0]
+    return None
+
+
+def add_product(a: Any, b: Any, out: Any) -> bool:
+    """``out += a @ b`` as one cblas_?gemm with beta = 1, where it can; whether it did.
+
+    Where ``out`` holds zeros, the result has the bits of ``out += a @ b`` in NumPy, that
+    is of ``0 + (a @ b)``: the BLAS adds each block of the sum over ``k`` into ``out``
+    (its own ``a @ b`` starts from a zeroed result the same way), and adding the block
+    to zero is exact, a negative zero becoming a positive one in both. Into a nonzero
+    ``out``, the blocks are added one by one rather than their sum at the end: the same
+    value up to float summation order, where ``k`` spans more than one of the BLAS's
+    blocks (hundreds of columns).
+
+    It does for NumPy arrays of one dtype whose product :func:`native` found: ``a``
+    (m, k) and ``b`` (k, n) each C- or Fortran-ordered, ``out`` (m, n) C-contiguous,
+    aligned and writeable, every side at least 2 (NumPy multiplies a vector by gemv,
+    whose bits are not gemm's). Otherwise it returns False and touches nothing: the
+    caller adds NumPy's product.
+    """
+    if not (isinstance(out, np.ndarray) and isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)):
+        return False
+    if a.ndim != 2 or b.ndim != 2 or a.dtype != out.dtype or b.dtype != out.dtype:
+        return False
+    (m, k), n = a.shape, b.shape[1]
+    if (b.shape[0] != k or out.shape != (m, n) or min(m, n, k) < 2
+            or not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable)):
+        return False
+    function = native(out.dtype)
+    left, right = _operand(a), _operand(b)
+    if function is None or left is None or right is None:
+        return False
+    function(ROW_MAJOR, left[0], right[0], m, n, k, 1.0, a.ctypes.data, left[1],
+             b.ctypes.data, right[1], 1.0, out.ctypes.data, n)
+    return True

@@ -24,6 +24,7 @@ from threadpoolctl import threadpool_info
 from minidp import Tensor, layers, threads
 from minidp import functional as F
 from minidp.autograd.ops import conv as conv_op
+from minidp.autograd.ops import linalg as linalg_op
 from minidp.autograd.ops import rowtap, winograd
 from minidp.kernels import batchnorm as bn
 from minidp.kernels import checksum as ck
@@ -443,6 +444,83 @@ def test_a_gemm_without_numpys_bits_or_a_library_ctypes_cannot_open_is_not_used(
         real(order, trans_a, trans_b, m, n, k, 2 * alpha, *rest)
 
     assert not gemm._gives_numpys_bits(twice, np.float32)
+
+
+def layout(x, order):
+    """``x`` as a C-ordered array, or as a Fortran-ordered one (a transposed C array)."""
+    return np.ascontiguousarray(x) if order == "C" else np.asfortranarray(x)
+
+
+# (m, k, n): small; a sum over k of more than one of the BLAS's blocks; an MLP layer's
+@pytest.mark.parametrize("m,k,n", [(5, 7, 3), (6, 1000, 9), (64, 128, 100)])
+@pytest.mark.parametrize("orders", ["CC", "CF", "FC", "FF"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_product_adds_numpys_product_in_the_blas(at_threads, m, k, n, orders, dtype):
+    rng = np.random.default_rng(m + k + n)
+    a = layout(rng.standard_normal((m, k)).astype(dtype), orders[0])
+    b = layout(rng.standard_normal((k, n)).astype(dtype), orders[1])
+    a[0] = -np.abs(a[0])  # a row of negative terms times a column of zeros: -0.0 products
+    b[:, 0] = 0.0
+    # into zeros: the bits of NumPy's product added to them, signed zeros included
+    out = np.zeros((m, n), dtype)
+    assert gemm.add_product(a, b, out)
+    expected = np.zeros((m, n), dtype)
+    expected += a @ b
+    assert out.tobytes() == expected.tobytes()
+    # into a nonzero array: its values plus the product (float64 sums, apart from the BLAS)
+    start = rng.standard_normal((m, n)).astype(dtype)
+    out = start.copy()
+    assert gemm.add_product(a, b, out)
+    exact = start.astype(np.float64) + np.einsum("ik,kj->ij", a.astype(np.float64),
+                                                 b.astype(np.float64))
+    tolerance = (2e-5 if dtype == np.float32 else 1e-12) * np.sqrt(k)
+    np.testing.assert_allclose(out, exact, rtol=tolerance, atol=tolerance)
+
+
+def test_add_product_declines_what_numpys_gemm_would_not_take_and_touches_nothing():
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((4, 6)), rng.standard_normal((6, 5))
+    declined = [
+        (a[:, ::2], b[::2], np.ones((4, 5))),  # a strided operand (NumPy copies it first)
+        (a[:1], b, np.ones((1, 5))),  # a side of 1: NumPy multiplies by gemv
+        (a.astype(np.float32), b, np.ones((4, 5))),  # mixed dtypes
+        (a.astype(np.int64), b.astype(np.int64), np.ones((4, 5), np.int64)),  # no BLAS
+        (a, b[:, :4], np.ones((4, 5))),  # a product that does not fit out
+        (a, b, np.ones((4, 10))[:, ::2]),  # out not contiguous
+    ]
+    for left, right, out in declined:
+        before = out.copy()
+        assert not gemm.add_product(left, right, out)
+        assert np.array_equal(out, before)
+
+
+def test_linear_adds_its_weight_gradient_into_the_flat_buffer_with_the_old_bits(monkeypatch):
+    def gradients(direct, passes):
+        layers.manual_seed(3)
+        model = layers.mlp(in_features=40, hidden=(32, 16))
+        flat = layers.FlatParameters(list(model.parameters()))
+        x = Tensor(np.random.default_rng(4).standard_normal((12, 40)).astype(np.float32))
+        calls = []
+
+        def counted(a, b, out):
+            calls.append(gemm.add_product(a, b, out) if direct else False)
+            return calls[-1]
+
+        monkeypatch.setattr(linalg_op, "add_product", counted)
+        flat.zero_grad()
+        for _ in range(passes):
+            F.cross_entropy(model(x), np.arange(12) % 10).backward()
+        return flat.grad.copy(), calls
+
+    # one pass: the weights' gradients added in the product, with the bits of the
+    # product added after it (the three weights, each once)
+    direct, calls = gradients(True, 1)
+    after, declined = gradients(False, 1)
+    assert calls == [True] * 3 and declined == [False] * 3
+    assert direct.tobytes() == after.tobytes()
+    # two passes without zero_grad: each pass's gradient added in
+    twice, _ = gradients(True, 2)
+    np.testing.assert_allclose(twice, 2 * after, rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("engine,x_shape,w_shape,stride,pad", CONV_CASES,

@@ -7,6 +7,8 @@ needs (dx = g @ W, dW = g.T @ x, db = sum(g)) and skips dx when x needs no gradi
 out Fortran-ordered (see Linear.forward). With several threads per rank, a layer whose
 products are small (LeNet-5's) runs them on one BLAS thread
 (:func:`minidp.threads.blas_threads_for`): a second thread costs it more than it saves.
+The weight gradient is added into the weight's gradient array by the BLAS itself where
+that array exists (the flat buffer's view), with the bits of the product added after.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from minidp.autograd.function import Function, unbroadcast
+from minidp.kernels.gemm import add_product
 from minidp.threads import blas_threads_for
 
 
@@ -83,6 +86,22 @@ class Linear(Function):
         # layer then takes its gradient and its input in one order, without a copy
         with blas_threads_for(self.flops):
             gx = (self.w.T @ g2.T).T.reshape(self.x_shape) if self.wants(0) else None
-            gw = g2.T @ self.x2 if self.wants(1) else None
+            gw = self._weight_grad(g2) if self.wants(1) else None
         gb = g2.sum(axis=0) if self.wants(2) else None
         return gx, gw, gb
+
+    def _weight_grad(self, g2: Any) -> Any:
+        """The weight gradient g^T x, or None where it went into the weight's gradient already.
+
+        A leaf weight (a Parameter) with a gradient array takes g^T x into that array in
+        the product itself (:func:`minidp.kernels.gemm.add_product`, beta = 1): on the
+        784-512-256-10 MLP at batch 128 that saved 0.10-0.25 ms of a 4.5-5.9 ms step, at
+        one thread and at two (three runs of 300 interleaved steps on the 2-core
+        machine): the pass of ``+=`` over the product and the gradient, 1.6 MB each for
+        the first layer. backward then returns None for it, and Tensor.backward adds
+        nothing more.
+        """
+        w = self.inputs[1]
+        if w._creator is None and w.grad is not None and add_product(g2.T, self.x2, w.grad):
+            return None
+        return g2.T @ self.x2
