@@ -495,16 +495,19 @@ def test_add_product_declines_what_numpys_gemm_would_not_take_and_touches_nothin
 
 
 def test_linear_adds_its_weight_gradient_into_the_flat_buffer_with_the_old_bits(monkeypatch):
-    def gradients(direct, passes):
+    threshold = linalg_op.ADD_INTO_MIN_SIZE
+
+    def gradients(direct, passes, hidden=(32, 16), minimum=0):
+        monkeypatch.setattr(linalg_op, "ADD_INTO_MIN_SIZE", minimum)
         layers.manual_seed(3)
-        model = layers.mlp(in_features=40, hidden=(32, 16))
+        model = layers.mlp(in_features=40, hidden=hidden)
         flat = layers.FlatParameters(list(model.parameters()))
         x = Tensor(np.random.default_rng(4).standard_normal((12, 40)).astype(np.float32))
         calls = []
 
         def counted(a, b, out):
-            calls.append(gemm.add_product(a, b, out) if direct else False)
-            return calls[-1]
+            calls.append((out.shape, gemm.add_product(a, b, out) if direct else False))
+            return calls[-1][1]
 
         monkeypatch.setattr(linalg_op, "add_product", counted)
         flat.zero_grad()
@@ -513,14 +516,19 @@ def test_linear_adds_its_weight_gradient_into_the_flat_buffer_with_the_old_bits(
         return flat.grad.copy(), calls
 
     # one pass: the weights' gradients added in the product, with the bits of the
-    # product added after it (the three weights, each once)
+    # product added after it (the three weights, each once, the last layer's first)
     direct, calls = gradients(True, 1)
     after, declined = gradients(False, 1)
-    assert calls == [True] * 3 and declined == [False] * 3
+    shapes = [(10, 16), (16, 32), (32, 40)]
+    assert calls == [(s, True) for s in shapes] and declined == [(s, False) for s in shapes]
     assert direct.tobytes() == after.tobytes()
     # two passes without zero_grad: each pass's gradient added in
     twice, _ = gradients(True, 2)
     np.testing.assert_allclose(twice, 2 * after, rtol=1e-6, atol=1e-9)
+    # at minidp's threshold: only the weights of that many entries take the product
+    assert 10 * 1024 < threshold <= 1024 * 40
+    _, calls = gradients(True, 1, hidden=(1024,), minimum=threshold)
+    assert calls == [((1024, 40), True)]
 
 
 @pytest.mark.parametrize("engine,x_shape,w_shape,stride,pad", CONV_CASES,
