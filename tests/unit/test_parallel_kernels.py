@@ -526,9 +526,9 @@ def test_linear_adds_its_weight_gradient_into_the_flat_buffer_with_the_old_bits(
     twice, _ = gradients(True, 2)
     np.testing.assert_allclose(twice, 2 * after, rtol=1e-6, atol=1e-9)
     # at minidp's threshold: only the weights of that many entries take the product
-    assert 10 * 1024 < threshold <= 1024 * 40
-    _, calls = gradients(True, 1, hidden=(1024,), minimum=threshold)
-    assert calls == [((1024, 40), True)]
+    assert 10 * 2048 < threshold <= 2048 * 40
+    _, calls = gradients(True, 1, hidden=(2048,), minimum=threshold)
+    assert calls == [((2048, 40), True)]
 
 
 @pytest.mark.parametrize("engine,x_shape,w_shape,stride,pad", CONV_CASES,
