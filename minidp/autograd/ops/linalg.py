@@ -106,12 +106,12 @@ class Linear(Function):
 
         A leaf weight (a Parameter) with a gradient array takes g^T x into that array in
         the product itself (:func:`minidp.kernels.gemm.add_product`, beta = 1): on the
-        784-512-256-10 MLP at batch 128 that saved 0.10-0.25 ms of a 4.5-5.9 ms step, at
-        one thread and at two (three runs of 300 interleaved steps on the 2-core
-        machine): the pass of ``+=`` over the product and the gradient, 1.6 MB each for
-        the first layer. backward then returns None for it, and Tensor.backward adds
-        nothing more. A smaller weight (under :data:`ADD_INTO_MIN_SIZE`) takes NumPy's
-        product and the pass.
+        784-512-256-10 MLP at batch 128 that saved 0.19-0.31 ms of a 4.5-5.0 ms step at
+        one thread and 0.06-0.20 ms of a 3.7-4.9 ms step at two (three runs of 300
+        interleaved steps a setting on the 2-core machine): the pass of ``+=`` over the
+        product and the gradient, 1.6 MB each for the first layer. backward then returns
+        None for it, and Tensor.backward adds nothing more. A smaller weight (under
+        :data:`ADD_INTO_MIN_SIZE`) takes NumPy's product and the pass.
         """
         w = self.inputs[1]
         if (w._creator is None and w.grad is not None and w.grad.size >= ADD_INTO_MIN_SIZE
