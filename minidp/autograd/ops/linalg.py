@@ -7,8 +7,9 @@ needs (dx = g @ W, dW = g.T @ x, db = sum(g)) and skips dx when x needs no gradi
 out Fortran-ordered (see Linear.forward). With several threads per rank, a layer whose
 products are small (LeNet-5's) runs them on one BLAS thread
 (:func:`minidp.threads.blas_threads_for`): a second thread costs it more than it saves.
-The weight gradient is added into the weight's gradient array by the BLAS itself where
-that array exists (the flat buffer's view), with the bits of the product added after.
+A large weight's gradient (:data:`ADD_INTO_MIN_SIZE` entries and more) is added into its
+gradient array by the BLAS itself where that array exists (the flat buffer's view),
+with the bits of the product added after.
 """
 
 from __future__ import annotations
