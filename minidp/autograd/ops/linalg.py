@@ -59,12 +59,11 @@ class Matmul(Function):
 
 
 # The weights from this many entries up take their gradient in the product (see
-# Linear._weight_grad). Below it, the call costs more than the pass it saves. Measured
-# in steps on the 2-core machine (interleaved, 150-200 steps a setting, three runs each):
-# with every weight in the product, the MLP's step was 0.1-0.25 ms faster (its weights
-# have 401,408 and 131,072 entries), but LeNet-5's with its 120 x 400 weight (48,000)
-# in the product was slower than with it in NumPy's (by 0.05-0.27 ms in five of six
-# cases); its smaller two, called alone on one thread (best of 5 x 200 calls), took
+# Linear._weight_grad for what that saves on the MLP's, of 401,408 and 131,072 entries).
+# Below it, the call costs more than the pass it saves. On the 2-core machine, LeNet-5's
+# step with its 120 x 400 weight (48,000) in the product was slower than with it in
+# NumPy's (by 0.05-0.27 ms in five of six cases; 200 interleaved steps a setting, three
+# runs); its smaller two, called alone on one thread (best of 5 x 200 calls), took
 # 12-13 us against 5 us in NumPy's product and pass, and 26 us against 20.
 ADD_INTO_MIN_SIZE = 65536
 
