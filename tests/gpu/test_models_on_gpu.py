@@ -16,7 +16,7 @@ from minidp.run.replica import DeviceReplica
 pytestmark = pytest.mark.gpu
 
 MODELS = {"mlp": (1, 8, 8), "lenet5": (1, 28, 28), "cifar_cnn": (3, 32, 32),
-          "resnet20": (3, 16, 16)}
+          "resnet20": (3, 32, 32)}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
