@@ -46,7 +46,7 @@ from minidp.comm.board import RECORD, StatusBoard, blind
 
 _settings: dict[str, Any] = {}  # "timeout", "debug": set_*, else the environment when needed
 MIN_TIMEOUT_S = 1.0  # of MINIDP_COMM_TIMEOUT: shorter cannot cover the ranks' start-up skew
-HAND_OVER_S = 2.0  # a timed-out rank blind to the cause (board.blind) waits this before ending
+HAND_OVER_MAX_S = 30.0  # the longest a timed-out rank blind to the cause waits (hand_over_s)
 NAP_S = 1e-4  # one sleep between polls, when ranks outnumber cores (set_oversubscribed)
 ABORT_GRACE_S = 0.5  # before MPI_Abort, for the launcher to forward this rank's output
 _ROLL_CALL_TAG = 7399  # point-to-point on the world, before any other minidp message
@@ -251,14 +251,28 @@ def _blocked(label: str, count: int, members: list[int], rank: int) -> None:
     os._exit(2)  # the main thread cannot raise from inside MPI; the launcher ends the job
 
 
+def hand_over_s() -> float:
+    """How long a timed-out rank waits for another rank to speak: one timeout, at most 30 s.
+
+    A rank that timed out at t waited since t - timeout. Any rank that was already
+    waiting at t began by t, and times out by t + timeout: waiting one timeout more,
+    this rank lets every such rank speak first, however late its wait began, for
+    timeouts up to the cap (under load the ranks of another host start seconds late; 2 s,
+    the fixed wait this replaced, was once too short). A rank not yet waiting at t was running and can be waited for no
+    longer than that. The cap keeps a job with the default 300 s timeout from waiting
+    twice as long to end where no rank sees the cause (a node lost whole).
+    """
+    return min(comm_timeout(), HAND_OVER_MAX_S)
+
+
 def _hand_over(details: list[str]) -> None:
     """Blind to the cause, let a rank of another node that sees it end the job first.
 
     The first process to end ends the job (:func:`~minidp.comm.board.blind` says when
-    this rank sees no cause).
+    this rank sees no cause), so this one waits :func:`hand_over_s` before it ends.
     """
     if blind(details):
-        time.sleep(HAND_OVER_S)
+        time.sleep(hand_over_s())
 
 
 def bcast_object(comm: MPI.Comm, obj: Any, root: int, operation: str) -> Any:
@@ -290,8 +304,9 @@ def roll_call(comm: MPI.Comm, operation: str) -> None:
 
     Every rank sends rank 0 one byte; rank 0 waits for all (or the timeout) and answers
     those that came with the list of who did; each names the missing ranks. Without
-    rank 0, the others name it after the timeout and ``HAND_OVER_S`` more (rank 0, when
-    there, speaks first). Point-to-point, a tag of its own: 2(size - 1) messages.
+    rank 0, the others name it after the timeout and :func:`hand_over_s` more (rank 0,
+    when there and no later than that in its own wait, speaks first). Point-to-point, a
+    tag of its own: 2(size - 1) messages.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
@@ -311,7 +326,7 @@ def roll_call(comm: MPI.Comm, operation: str) -> None:
     else:
         answer = comm.Irecv([came, MPI.BYTE], 0, _ROLL_CALL_TAG)
         hello = comm.Isend([np.ones(1, np.uint8), MPI.BYTE], 0, _ROLL_CALL_TAG)
-        grace = min(timeout, HAND_OVER_S)
+        grace = hand_over_s()
         if _poll_until(answer.Test, timeout + grace):
             hello.Wait()  # local: rank 0 answers only the ranks whose byte it received
         else:

@@ -1,12 +1,14 @@
 """Which timed-out rank waits for another to speak first (``guard._hand_over``, ``board.blind``).
 
 The first process to end ends the job, so a rank that cannot see the cause of a hang
-waits ``HAND_OVER_S`` before it ends: a rank on the cause's node names it first. The lines
-are the status board's descriptions as the jobs of ``tests/test_hosts.py`` print them.
+waits one timeout more (at most 30 s) before it ends: a rank on the cause's node names it
+first. The lines are the status board's descriptions as the jobs of
+``tests/test_hosts.py`` print them.
 """
 
 import pytest
 
+from minidp.comm import guard
 from minidp.comm.board import blind
 
 REMOTE_2 = "rank 2: on another node, state not visible here"
@@ -31,3 +33,23 @@ LATE_1 = "rank 1: never arrived (last in 'forward on rank' #40, 5.0 s ago)"
 ])
 def test_a_rank_blind_to_the_cause_hands_over_one_that_sees_it_does_not(details, waits):
     assert blind(details) is waits
+
+
+@pytest.mark.parametrize("timeout, waited", [
+    (5.0, [5.0]),  # the host tests' --comm-timeout: a rank 5 s late in its wait still speaks
+    (1.0, [1.0]),
+    (300.0, [30.0]),  # the default timeout: a lost node ends the job 30 s later, not 300
+])
+def test_a_blind_rank_waits_one_timeout_at_most_30_s_and_a_seeing_one_not_at_all(
+        monkeypatch, timeout, waited):
+    """The failure this pins: rank 1 (host 1, blind) timed out and ended the job 2 s
+    later, before rank 2 (host 2, whose wait began over 2 s after rank 1's) named the
+    stopped rank 3."""
+    slept = []
+    monkeypatch.setattr(guard.time, "sleep", slept.append)
+    monkeypatch.setitem(guard._settings, "timeout", timeout)
+    guard._hand_over([BLOCKED_0, REMOTE_2, REMOTE_3])
+    assert slept == waited
+    slept.clear()
+    guard._hand_over([STOPPED_3, REMOTE_2])
+    assert slept == []
