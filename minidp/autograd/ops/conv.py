@@ -13,7 +13,11 @@ Two engines take the "same" convolutions with stride 1 that dominate the CNNs he
 3x3 on 32 channels or more, Winograd's algorithm (:mod:`minidp.autograd.ops.winograd`, 2.25
 times fewer multiply-adds); other odd square kernels on 8 channels or more, row-tap
 GEMMs (:mod:`minidp.autograd.ops.rowtap`, taller products and a third of im2col's copying).
-What follows is the general path, for every other convolution.
+What follows is the general path, for every other convolution, and for every convolution
+on a GPU: there the batch is one chunk, unfolded by one CUDA kernel and multiplied by one
+batched cuBLAS product, where the two engines' array-generic code would launch a chain of
+small kernels (their transforms through ``cupy.einsum``) that left ResNet-20's step
+waiting on the host (docs/benchmarks.md, "One step on a GPU").
 
 Backward recomputes what it needs chunk by chunk instead of keeping the columns
 (which would take more memory than all of the network's activations):
@@ -53,7 +57,7 @@ from typing import Any
 
 from minidp.autograd.function import Function
 from minidp.autograd.ops import rowtap, winograd
-from minidp.backend import array_module
+from minidp.backend import array_module, is_cupy_array
 from minidp.kernels import col2im, im2col, output_size, use_kernels
 from minidp.kernels import unfold as unfold_chunk
 from minidp.kernels.gemm import region_gemm
@@ -138,6 +142,19 @@ class Unfolder:
         return im2col(self.a[lo:hi], *self.geometry, out=out)
 
 
+def _engine(x: Any, w: Any, stride: int, padding: int) -> Any:
+    """The module that computes this convolution (winograd, rowtap), or None: unfolded.
+
+    On a GPU always unfolded (the module docstring says why).
+    """
+    if is_cupy_array(x):
+        return None
+    for engine in (winograd, rowtap):
+        if engine.applies(x.shape, w.shape, stride, padding):
+            return engine
+    return None
+
+
 class Conv2d(Function):
     """Cross-correlation of (N, C, H, W) with (F, C, kh, kw), plus an optional bias."""
 
@@ -150,10 +167,11 @@ class Conv2d(Function):
         # the bias (only the small CNNs have one) is added to each chunk's output while
         # it is in cache: the bits of one add over the whole output afterwards
         bias = None if b is None else b.reshape(f, 1, 1)
-        if winograd.applies(x.shape, w.shape, stride, padding):
+        self.engine = _engine(x, w, stride, padding)
+        if self.engine is winograd:
             self.plan = self._plan(winograd)
             out, self.planes, self.transformed_w = winograd.forward(x, w, bias, self.plan)
-        elif rowtap.applies(x.shape, w.shape, stride, padding):
+        elif self.engine is rowtap:
             self.plan = self._plan(rowtap)
             out = rowtap.forward(x, w, bias, self.plan)
         else:
@@ -192,11 +210,11 @@ class Conv2d(Function):
         g = xp.ascontiguousarray(g)
         kh, kw, stride, padding = self.geometry
         gb = g.sum(axis=(0, 2, 3)) if self.wants(2) else None
-        if winograd.applies(self.x.shape, self.w.shape, stride, padding):
+        if self.engine is winograd:
             gx, gw = winograd.backward(g, self.x, self.transformed_w, self.plan,
                                        self.planes, self.wants(0), self.wants(1))
             return gx, gw, gb
-        if rowtap.applies(self.x.shape, self.w.shape, stride, padding):
+        if self.engine is rowtap:
             gx, gw = rowtap.backward(g, self.x, self.w, self.plan, self.wants(0),
                                      self.wants(1))
             return gx, gw, gb
