@@ -259,7 +259,7 @@ def hand_over_s() -> float:
     this rank lets every such rank speak first, however late its wait began, for
     timeouts up to the cap (under load the ranks of another host start seconds late; 2 s,
     the fixed wait this replaced, was once too short). A rank not yet waiting at t was
-    running, and can be waited for no longer than that. The cap keeps a job with the
+    still running, and no fixed wait could cover it. The cap keeps a job with the
     default 300 s timeout from waiting twice as long to end where no rank sees the cause
     (a node lost whole).
     """
