@@ -21,3 +21,24 @@ POOL_CASES = [(2, 3, 8, 8, 2, 2), (1, 2, 7, 9, 2, 2), (1, 2, 7, 9, 3, 2), (2, 1,
 def rand(shape, dtype, seed=0):
     """Standard normal values of ``shape`` in ``dtype``, drawn from ``seed``."""
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def direct_conv(x, w, b, g, stride, pad):
+    """Output and the gradients (x, w, b) of sum(out * g), from the textbook sums.
+
+    The convolution tests' independent reference (CPU engines and the GPU's alike).
+    """
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    kh, kw = w.shape[2:]
+    oh, ow = g.shape[2:]
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
+    windows = windows[:, :, ::stride, ::stride][:, :, :oh, :ow]  # (N, C, OH, OW, kh, kw)
+    out = np.einsum("ncyxij,fcij->nfyx", windows, w) + b[:, None, None]
+    gw = np.einsum("ncyxij,nfyx->fcij", windows, g)
+    gxp = np.zeros_like(xp)
+    for i in range(kh):
+        for j in range(kw):
+            gxp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride] += np.einsum(
+                "nfyx,fc->ncyx", g, w[:, :, i, j])
+    gx = gxp[:, :, pad:pad + x.shape[2], pad:pad + x.shape[3]]
+    return out, gx, gw, g.sum(axis=(0, 2, 3))

@@ -18,7 +18,7 @@ import sys
 import numba
 import numpy as np
 import pytest
-from kernel_cases import POOL_CASES, rand
+from kernel_cases import POOL_CASES, direct_conv, rand
 from threadpoolctl import threadpool_info
 
 from minidp import Tensor, layers, threads
@@ -361,24 +361,6 @@ CONV_CASES = [("winograd", (7, 32, 6, 5), (8, 32, 3, 3), 1, 1),
               ("rowtap", (7, 8, 7, 6), (6, 8, 5, 5), 1, 2),
               ("unfold, transposed backward", (7, 3, 9, 8), (4, 3, 3, 3), 1, 1),
               ("unfold, col2im backward", (7, 3, 9, 8), (4, 3, 3, 3), 2, 1)]
-
-
-def direct_conv(x, w, b, g, stride, pad):
-    """Output and the gradients (x, w, b) of sum(out * g), from the textbook sums."""
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    kh, kw = w.shape[2:]
-    oh, ow = g.shape[2:]
-    windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))
-    windows = windows[:, :, ::stride, ::stride][:, :, :oh, :ow]  # (N, C, OH, OW, kh, kw)
-    out = np.einsum("ncyxij,fcij->nfyx", windows, w) + b[:, None, None]
-    gw = np.einsum("ncyxij,nfyx->fcij", windows, g)
-    gxp = np.zeros_like(xp)
-    for i in range(kh):
-        for j in range(kw):
-            gxp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride] += np.einsum(
-                "nfyx,fc->ncyx", g, w[:, :, i, j])
-    gx = gxp[:, :, pad:pad + x.shape[2], pad:pad + x.shape[3]]
-    return out, gx, gw, g.sum(axis=(0, 2, 3))
 
 
 def output_gradient(x_shape, w_shape, stride, pad, dtype, seed):
