@@ -22,14 +22,12 @@ cupy = pytest.importorskip("cupy")
 CASES = [(3, 32, 9, 7, 16, 3, 1, 1), (2, 8, 11, 10, 6, 5, 1, 2), (2, 3, 12, 9, 5, 3, 2, 0)]
 
 
-def convolve(xp, x, w, b, stride, padding, g):
-    """minidp's convolution of the arrays moved to ``xp``: output, gradients, the engine."""
-    tx, tw, tb = (Tensor(xp.asarray(a), requires_grad=True) for a in (x, w, b))
+def convolve(x, w, b, stride, padding, g):
+    """minidp's convolution on the GPU: output and gradients (on the host), the engine."""
+    tx, tw, tb = (Tensor(cupy.asarray(a), requires_grad=True) for a in (x, w, b))
     out = Conv2d.apply(tx, tw, tb, stride=stride, padding=padding)
-    out.backward(xp.asarray(g))
-    host = [cupy.asnumpy(a) if xp is cupy else a for a in
-            (out.data, tx.grad, tw.grad, tb.grad)]
-    return host, out._creator.engine
+    out.backward(cupy.asarray(g))
+    return [cupy.asnumpy(a) for a in (out.data, tx.grad, tw.grad, tb.grad)], out._creator.engine
 
 
 @pytest.mark.parametrize("case", CASES, ids=["winograd on the host", "row taps on the host",
@@ -41,7 +39,7 @@ def test_a_convolution_on_the_gpu_is_unfolded_and_equals_the_direct_sum(case):
         rng.standard_normal(f)
     oh, ow = (h + 2 * padding - k) // stride + 1, (wd + 2 * padding - k) // stride + 1
     g = rng.standard_normal((n, f, oh, ow))
-    results, engine = convolve(cupy, x, w, b, stride, padding, g)
+    results, engine = convolve(x, w, b, stride, padding, g)
     assert engine is None
     for got, want in zip(results, direct_conv(x, w, b, g, stride, padding)):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
