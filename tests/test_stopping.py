@@ -244,13 +244,19 @@ def test_signals_during_start_up_stop_every_rank_before_the_first_batch(tmp_path
 # ranks this long between SIGTERM and SIGKILL, as docs/reliability.md tells a user to.
 OPEN_MPI_GRACE_S = 15
 
+# The job signalled must still be training when the signal reaches its ranks, which under
+# Open MPI is OPEN_MPI_GRACE_S after the Ctrl-C: 50 epochs of the test's MLP took 12 s on
+# a quick machine (CI, 2026-12-04) and ended first. At that run's quickest, 0.1 s an
+# epoch, these last 100 s; the signal ends the job long before.
+EPOCHS_PAST_THE_SIGNAL = 1000
+
 
 def test_ctrl_c_to_mpiexec_stops_the_job_with_a_checkpoint(tmp_path, data_dir):
     out = tmp_path / "job"
     grace = {"OMPI_MCA_odls_base_sigkill_timeout": str(OPEN_MPI_GRACE_S)}
     job = start_job([sys.executable, "-m", "mpi4py", *QUICK, "--data-dir", data_dir,
-                     "--batch-size", "16", "--epochs", "50", "--out", str(out)], tmp_path,
-                    **(grace if launcher() == "openmpi" else {}))
+                     "--batch-size", "16", "--epochs", str(EPOCHS_PAST_THE_SIGNAL), "--out",
+                     str(out)], tmp_path, **(grace if launcher() == "openmpi" else {}))
     seen = []
     for line in job.stdout:  # training starts right after this line
         seen.append(line)
